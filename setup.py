@@ -1,0 +1,45 @@
+"""Install: pip install -e ".[test]"  (see README.md)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="rollouts_jax",
+    version="0.1.0",
+    description="JAX-native rollout-centric reinforcement learning for language models.",
+    packages=find_packages(include=["rollouts_jax", "rollouts_jax.*", "kernels", "kernels.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "numpy>=1.26",
+        "jax>=0.6.0",
+        "flax>=0.10.0",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11.0",
+        "chex>=0.1.88",
+        "ml-collections>=1.0.0",
+        "absl-py>=2.1.0",
+        "tensorflow-datasets>=4.9.7",
+        "array_record>=0.5.1",
+        "sentencepiece>=0.2.0",
+        "safetensors>=0.4.3",
+        "tokenizers>=0.20.0",
+        "math-verify>=0.7.0",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+        "tensorboardX>=2.6",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8.0",
+            "hypothesis>=6.100",
+            "torch>=2.4",
+            "transformers>=4.51",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6.29",
+        ],
+        "notebooks": [
+            "jupyter>=1.0",
+            "nbclient>=0.10",
+            "ipykernel>=6.29",
+        ],
+    },
+)

@@ -24,7 +24,6 @@ setup(
         "math-verify>=0.7.0",
         "tqdm>=4.66",
         "matplotlib>=3.8",
-        "tensorboardX>=2.6",
     ],
     extras_require={
         "test": [

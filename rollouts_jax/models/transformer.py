@@ -1,0 +1,303 @@
+"""The decoder: a pure function of (config, params pytree, tokens).
+
+Parameters of all layers are stacked along a leading `layers` axis and the layers
+run under `lax.scan`, so compile time does not grow with depth. Linear weights are
+stored as `[in, out]`. A weight may also be an FP4-quantized tensor (see
+`models.quantize_params`); `dense` dispatches on its type.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rollouts_jax.models.config import ModelConfig
+
+Params = dict[str, Any]
+_NEG_INF = -1e30  # finite, so rows with no visible key give a uniform softmax instead of NaN
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+  """The shape of every parameter, as a pytree of tuples (same structure as params)."""
+  L, D, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+  qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+  layers = {
+      "input_norm": (L, D), "q": (L, D, qd), "k": (L, D, kvd), "v": (L, D, kvd), "o": (L, qd, D),
+      "post_norm": (L, D), "gate": (L, D, F), "up": (L, D, F), "down": (L, F, D),
+  }
+  if cfg.qkv_bias:
+    layers.update(q_bias=(L, qd), k_bias=(L, kvd), v_bias=(L, kvd))
+  if cfg.o_bias:
+    layers["o_bias"] = (L, D)
+  if cfg.qk_norm:
+    layers.update(q_norm=(L, cfg.head_dim), k_norm=(L, cfg.head_dim))
+  shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+  if not cfg.tie_word_embeddings:
+    shapes["lm_head"] = (D, V)
+  return shapes
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+  """Logical axis names of every parameter (same structure as params).
+
+  Names: `layers`, `vocab`, `embed`, `mlp`, `heads` (query heads x head_dim, flattened),
+  `kv_heads` (key/value heads x head_dim), `norm` (a normalized feature, never sharded).
+  """
+  names = {
+      "input_norm": ("layers", "norm"), "post_norm": ("layers", "norm"),
+      "q": ("layers", "embed", "heads"), "k": ("layers", "embed", "kv_heads"),
+      "v": ("layers", "embed", "kv_heads"), "o": ("layers", "heads", "embed"),
+      "gate": ("layers", "embed", "mlp"), "up": ("layers", "embed", "mlp"),
+      "down": ("layers", "mlp", "embed"),
+      "q_bias": ("layers", "heads"), "k_bias": ("layers", "kv_heads"), "v_bias": ("layers", "kv_heads"),
+      "o_bias": ("layers", "norm"), "q_norm": ("layers", "norm"), "k_norm": ("layers", "norm"),
+  }
+  top = {"embed": ("vocab", "embed"), "final_norm": ("norm",), "lm_head": ("embed", "vocab")}
+  shapes = param_shapes(cfg)
+  axes = {k: top[k] for k in shapes if k != "layers"}
+  axes["layers"] = {k: names[k] for k in shapes["layers"]}
+  return axes
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
+  """Random parameters (normal, std 0.02; norms at 1; biases at 0).
+
+  Args:
+    cfg: the model configuration.
+    key: a PRNG key.
+    dtype: parameter dtype.
+  Returns:
+    A params pytree; see `param_shapes` for its structure.
+
+  >>> cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+  ...                   num_layers=2, num_heads=4, num_kv_heads=2)
+  >>> params = init_params(cfg, jax.random.key(0))
+  >>> params["layers"]["q"].shape
+  (2, 32, 32)
+  """
+  shapes = param_shapes(cfg)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  keys = jax.random.split(key, len(flat))
+  leaves = []
+  for (path, shape), k in zip(flat, keys):
+    name = path[-1].key
+    if name.endswith("norm"):
+      leaves.append(jnp.ones(shape, dtype))
+    elif name.endswith("bias"):
+      leaves.append(jnp.zeros(shape, dtype))
+    else:
+      leaves.append((0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def dense(x: jax.Array, w: Any) -> jax.Array:
+  """`x[..., K] @ w[K, N]` for a plain weight or an FP4-quantized one."""
+  if hasattr(w, "fmt"):  # a quantized tensor from kernels.fp4
+    from kernels import fp4  # pylint: disable=g-import-not-at-top
+    return fp4.matmul(x, w).astype(x.dtype)
+  return jnp.einsum("...k,kn->...n", x, w.astype(x.dtype))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def _rope(x_BxTxHxD: jax.Array, positions_BxT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  angles_BxTxF = positions_BxT[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
+  angles_BxTxD = jnp.concatenate([angles_BxTxF, angles_BxTxF], axis=-1)[:, :, None, :]
+  x32 = x_BxTxHxD.astype(jnp.float32)
+  half = x32.shape[-1] // 2
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  out = x32 * jnp.cos(angles_BxTxD) + rotated * jnp.sin(angles_BxTxD)
+  return out.astype(x_BxTxHxD.dtype)
+
+
+def _attend(cfg: ModelConfig, q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS) -> jax.Array:
+  B, T, H, D = q_BxTxHxD.shape
+  K, G = cfg.num_kv_heads, cfg.num_groups
+  q_BxTxKxGxD = q_BxTxHxD.reshape(B, T, K, G, D)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD,
+                      preferred_element_type=jnp.float32) * (D ** -0.5)
+  scores = jnp.where(mask_BxTxS[:, None, None], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxD.dtype)
+  out_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", probs, v_BxSxKxD)
+  return out_BxTxKxGxD.reshape(B, T, H * D)
+
+
+def _qkv(cfg: ModelConfig, lp: Params, x_BxTxD, positions_BxT):
+  B, T, _ = x_BxTxD.shape
+  h = rms_norm(x_BxTxD, lp["input_norm"], cfg.rms_norm_eps)
+  q, k, v = dense(h, lp["q"]), dense(h, lp["k"]), dense(h, lp["v"])
+  if cfg.qkv_bias:
+    q, k, v = q + lp["q_bias"].astype(q.dtype), k + lp["k_bias"].astype(k.dtype), v + lp["v_bias"].astype(v.dtype)
+  q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
+  k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+  v = v.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+  if cfg.qk_norm:
+    q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+    k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+  inv_freq = cfg.inv_freq()
+  return _rope(q, positions_BxT, inv_freq), _rope(k, positions_BxT, inv_freq), v
+
+
+def _finish_layer(cfg: ModelConfig, lp: Params, x_BxTxD, attn_BxTxHD):
+  out = dense(attn_BxTxHD, lp["o"])
+  if cfg.o_bias:
+    out = out + lp["o_bias"].astype(out.dtype)
+  x_BxTxD = x_BxTxD + out
+  h = rms_norm(x_BxTxD, lp["post_norm"], cfg.rms_norm_eps)
+  mlp = dense(jax.nn.silu(dense(h, lp["gate"])) * dense(h, lp["up"]), lp["down"])
+  return x_BxTxD + mlp
+
+
+def _embed(params: Params, tokens_BxT, dtype):
+  return jnp.take(params["embed"], tokens_BxT, axis=0).astype(dtype)
+
+
+def _activation_dtype(params: Params):
+  return params["embed"].dtype
+
+
+def unembed(cfg: ModelConfig, params: Params, x_BxTxD: jax.Array) -> jax.Array:
+  """Final norm and output head: hidden states -> float32 logits."""
+  h = rms_norm(x_BxTxD, params["final_norm"], cfg.rms_norm_eps)
+  if cfg.tie_word_embeddings:
+    return jnp.einsum("btd,vd->btv", h, params["embed"].astype(h.dtype), preferred_element_type=jnp.float32)
+  head = params["lm_head"]
+  if hasattr(head, "fmt"):
+    return dense(h.astype(jnp.float32), head)
+  return jnp.einsum("btd,dv->btv", h, head.astype(h.dtype), preferred_element_type=jnp.float32)
+
+
+def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:
+  """Rotary positions for left-padded rows: 0 at the first real token."""
+  return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=1) - 1, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "return_hidden"))
+def forward(cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask: jax.Array | None = None,
+            positions: jax.Array | None = None, *, return_hidden: bool = False) -> jax.Array:
+  """Full causal forward pass.
+
+  Args:
+    cfg: model configuration (static).
+    params: params pytree.
+    tokens: int32 [B, L].
+    attention_mask: bool [B, L], True at real tokens; left padding is supported. Default: all True.
+    positions: int32 [B, L] rotary positions. Default: counted from the first real token.
+    return_hidden: return the final hidden states [B, L, D] (before the final norm) instead of logits.
+  Returns:
+    float32 logits [B, L, V] (or hidden states).
+
+  >>> cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+  ...                   num_layers=2, num_heads=4, num_kv_heads=2)
+  >>> params = init_params(cfg, jax.random.key(0))
+  >>> forward(cfg, params, jnp.zeros((2, 5), jnp.int32)).shape
+  (2, 5, 64)
+  """
+  B, L = tokens.shape
+  mask_BxL = jnp.ones((B, L), bool) if attention_mask is None else attention_mask.astype(bool)
+  if positions is None:
+    positions = positions_from_mask(mask_BxL)
+  causal_LxL = jnp.tril(jnp.ones((L, L), bool))
+  attn_mask_BxLxL = causal_LxL[None] & mask_BxL[:, None, :]
+  x = _embed(params, tokens, _activation_dtype(params))
+
+  def layer(x_BxLxD, lp):
+    q, k, v = _qkv(cfg, lp, x_BxLxD, positions)
+    return _finish_layer(cfg, lp, x_BxLxD, _attend(cfg, q, k, v, attn_mask_BxLxL)), None
+
+  if cfg.remat:
+    layer = jax.checkpoint(layer)
+  x, _ = jax.lax.scan(layer, x, params["layers"])
+  if return_hidden:
+    return x
+  return unembed(cfg, params, x)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """A fixed-length key/value cache for all layers.
+
+  Attributes:
+    k, v: [L, B, S, K, D] keys / values (post-rotary keys).
+    mask: bool [B, S], True at slots that hold a real token.
+    next_pos: int32 [B], rotary position of each row's next token.
+    index: int32 scalar, the next slot to write (the same for all rows).
+  """
+  k: jax.Array
+  v: jax.Array
+  mask: jax.Array
+  next_pos: jax.Array
+  index: jax.Array
+
+  @property
+  def length(self) -> int:
+    return self.k.shape[2]
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, cache_len: int, dtype=jnp.float32) -> KVCache:
+  """An empty cache of `cache_len` slots per row."""
+  shape = (cfg.num_layers, batch_size, cache_len, cfg.num_kv_heads, cfg.head_dim)
+  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                 mask=jnp.zeros((batch_size, cache_len), bool),
+                 next_pos=jnp.zeros((batch_size,), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+
+def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array, cache: KVCache,
+                       token_mask: jax.Array | None = None, *, last_only: bool = False
+                       ) -> tuple[jax.Array, KVCache]:
+  """Runs `tokens` [B, T] through the model, appending them to the cache.
+
+  Used for both prefill (T = prompt length, `token_mask` = the left-padded prompt mask)
+  and decoding (T = 1). Slots `[index, index + T)` are written; the caller guarantees
+  `index + T <= cache.length` (the sampler checks this before compiling).
+
+  Args:
+    cfg: model configuration (static).
+    params: params pytree.
+    tokens: int32 [B, T].
+    cache: the KV cache.
+    token_mask: bool [B, T], False at padding. Default: all True.
+    last_only: compute logits for the last position only (returns [B, 1, V]).
+  Returns:
+    (float32 logits [B, T, V] or [B, 1, V], updated cache).
+  """
+  B, T = tokens.shape
+  S = cache.length
+  tmask_BxT = jnp.ones((B, T), bool) if token_mask is None else token_mask.astype(bool)
+  positions_BxT = cache.next_pos[:, None] + jnp.cumsum(tmask_BxT.astype(jnp.int32), axis=1) - 1
+  positions_BxT = jnp.maximum(positions_BxT, 0)
+  slot_mask_BxS = jax.lax.dynamic_update_slice(cache.mask, tmask_BxT, (0, cache.index))
+  slots_S = jnp.arange(S)
+  visible_TxS = slots_S[None, :] <= (cache.index + jnp.arange(T))[:, None]
+  attn_mask_BxTxS = visible_TxS[None] & slot_mask_BxS[:, None, :]
+  x = _embed(params, tokens, _activation_dtype(params))
+
+  def layer(carry, inputs):
+    x_BxTxD, k_all, v_all = carry
+    lp, l = inputs
+    q, k, v = _qkv(cfg, lp, x_BxTxD, positions_BxT)
+    k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), (l, 0, cache.index, 0, 0))
+    v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), (l, 0, cache.index, 0, 0))
+    k_BxSxKxD = jax.lax.dynamic_index_in_dim(k_all, l, 0, keepdims=False).astype(q.dtype)
+    v_BxSxKxD = jax.lax.dynamic_index_in_dim(v_all, l, 0, keepdims=False).astype(q.dtype)
+    attn = _attend(cfg, q, k_BxSxKxD, v_BxSxKxD, attn_mask_BxTxS)
+    return (_finish_layer(cfg, lp, x_BxTxD, attn), k_all, v_all), None
+
+  (x, k_all, v_all), _ = jax.lax.scan(
+      layer, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
+  if last_only:
+    x = x[:, -1:]
+  logits = unembed(cfg, params, x)
+  new_cache = KVCache(k=k_all, v=v_all, mask=slot_mask_BxS,
+                      next_pos=cache.next_pos + jnp.sum(tmask_BxT, axis=1, dtype=jnp.int32),
+                      index=cache.index + T)
+  return logits, new_cache

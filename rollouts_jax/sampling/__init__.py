@@ -1,0 +1,8 @@
+"""Generate: the pure-functional sampler and its sampling policies."""
+
+from rollouts_jax.sampling.sampler import (DEFAULT_PROMPT_BUCKETS, SampleOutput, SamplingConfig,
+                                           bucket_length, left_pad_to, mask_after_eos,
+                                           process_logits, sample)
+
+__all__ = ["DEFAULT_PROMPT_BUCKETS", "SampleOutput", "SamplingConfig", "bucket_length", "left_pad_to",
+           "mask_after_eos", "process_logits", "sample"]

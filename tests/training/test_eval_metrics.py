@@ -1,0 +1,154 @@
+"""pass@k and maj@k: brute-force enumeration, exact rationals, tie and None rules, errors."""
+
+import doctest
+import itertools
+import math
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from rollouts_jax.training import eval_metrics
+from rollouts_jax.training.eval_metrics import maj_at_k, majority_answer, mean_pass_at_k, pass_at_k
+
+
+def _brute_pass_at_k(n, c, k):
+  """Fraction of the k-subsets of n samples (the first c correct) holding a correct one."""
+  subsets = list(itertools.combinations(range(n), k))
+  return sum(any(i < c for i in s) for s in subsets) / len(subsets)
+
+
+def test_doctests():
+  result = doctest.testmod(eval_metrics, raise_on_error=False, verbose=False)
+  assert result.attempted >= 8 and result.failed == 0
+
+
+def test_pass_at_k_matches_subset_enumeration():
+  for n in range(1, 9):
+    for c in range(n + 1):
+      for k in range(1, n + 1):
+        assert pass_at_k(n, c, k) == pytest.approx(_brute_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_vectorized_equals_scalar_calls():
+  rng = np.random.default_rng(0)
+  n = rng.integers(4, 40, size=(5, 7))
+  c = rng.integers(0, n + 1)
+  got = pass_at_k(n, c, 4)
+  assert got.shape == (5, 7) and got.dtype == np.float64
+  want = np.array([[pass_at_k(int(a), int(b), 4) for a, b in zip(ra, rb)] for ra, rb in zip(n, c)])
+  np.testing.assert_array_equal(got, want)
+  # Broadcasting a scalar n against an array of c.
+  np.testing.assert_array_equal(pass_at_k(16, np.arange(17), 2),
+                                [pass_at_k(16, i, 2) for i in range(17)])
+
+
+def test_pass_at_k_large_n_matches_exact_rational():
+  # The binomials here overflow float64; the product form stays accurate.
+  for n, c, k in [(1200, 3, 100), (2000, 1, 1), (500, 250, 64), (10000, 17, 1000)]:
+    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+    assert pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-12, abs=1e-15)
+
+
+def test_pass_at_k_properties():
+  assert pass_at_k(10, 0, 5) == 0.0
+  assert pass_at_k(10, 1, 10) == 1.0
+  assert pass_at_k(10, 6, 5) == 1.0        # n - c < k: every k-subset holds a correct sample
+  np.testing.assert_allclose(pass_at_k(12, np.arange(13), 1), np.arange(13) / 12)
+  curve = [pass_at_k(32, 5, k) for k in range(1, 33)]
+  assert all(a <= b for a, b in zip(curve, curve[1:]))
+
+
+@pytest.mark.parametrize("n, c, k, match", [
+    (4, 1, 5, "k <= num_samples"),
+    (4, 1, 0, "k must be >= 1"),
+    (4, 5, 2, "num_correct"),
+    (4, -1, 2, "num_correct"),
+    (4.5, 1, 2, "integers"),
+])
+def test_pass_at_k_errors(n, c, k, match):
+  with pytest.raises(ValueError, match=match):
+    pass_at_k(n, c, k)
+
+
+def test_pass_at_k_rejects_non_int_k():
+  with pytest.raises(ValueError, match="k must be an int"):
+    pass_at_k(4, 1, 2.0)
+
+
+def test_mean_pass_at_k():
+  rng = np.random.default_rng(1)
+  correct = rng.random((6, 8)) < 0.3
+  for k in (1, 3, 8):
+    want = np.mean([_brute_pass_at_k(8, int(r.sum()), k) for r in correct])
+    assert mean_pass_at_k(correct, k) == pytest.approx(want, abs=1e-12)
+  assert mean_pass_at_k(correct.astype(np.int32), 2) == mean_pass_at_k(correct, 2)
+  with pytest.raises(ValueError, match="2-D"):
+    mean_pass_at_k(correct[0], 1)
+  with pytest.raises(ValueError, match="k <= num_samples"):
+    mean_pass_at_k(correct, 9)
+  with pytest.raises(ValueError, match="0/1"):
+    mean_pass_at_k(np.full((2, 2), 2), 1)
+
+
+def _brute_majority(answers):
+  """Independent rule: highest count, then earliest first occurrence."""
+  valid = [(a, i) for i, a in enumerate(answers) if a is not None]
+  if not valid:
+    return None
+  firsts = {}
+  for a, i in valid:
+    firsts.setdefault(a, i)
+  return min(firsts.values(), key=lambda i: (-answers.count(answers[i]), i))
+
+
+def test_majority_answer_rules():
+  assert majority_answer(["a", "b", "b", "a"]) == 0            # tie -> first occurrence
+  assert majority_answer([None, "b", "a", "a"]) == 2
+  assert majority_answer([None, None, "x"]) == 2               # None never wins
+  assert majority_answer([]) is None
+  rng = random.Random(0)
+  for _ in range(500):
+    answers = [rng.choice(["1", "2", "3", None]) for _ in range(rng.randint(0, 7))]
+    assert majority_answer(answers) == _brute_majority(answers), answers
+
+
+def test_maj_at_k_hand_example_and_prefix():
+  answers = [["5", "3", "3", "5", "5"],
+             [None, "2", None, "9", "9"],
+             [None, None, None, None, None]]
+  correct = [[True, False, False, True, True],
+             [False, True, False, False, False],
+             [False] * 5]
+  # k=1: "5" right; prompt 2 has only None -> no vote -> wrong.
+  assert maj_at_k(answers, correct, 1) == pytest.approx(1 / 3)
+  # k=3: "3" beats "5"; "2" is the only answer -> right.
+  assert maj_at_k(answers, correct, 3) == pytest.approx(1 / 3)
+  # k=4: "5" and "3" tie at 2 -> "5" came first; "2" vs "9" tie -> "2" first.
+  assert maj_at_k(answers, correct, 4) == pytest.approx(2 / 3)
+  # k=5: "5" wins; "9" wins over "2".
+  assert maj_at_k(answers, correct, 5) == pytest.approx(1 / 3)
+
+
+def test_maj_at_k_matches_brute_force():
+  rng = random.Random(3)
+  for _ in range(50):
+    n = rng.randint(1, 6)
+    answers = [[rng.choice(["1", "2", "3", None]) for _ in range(n)] for _ in range(4)]
+    correct = [[a == "2" for a in row] for row in answers]
+    for k in range(1, n + 1):
+      want = np.mean([(w := _brute_majority(row[:k])) is not None and row[w] == "2"
+                      for row in answers])
+      assert maj_at_k(answers, correct, k) == pytest.approx(want)
+
+
+def test_maj_at_k_errors():
+  with pytest.raises(ValueError, match="k <= samples per prompt"):
+    maj_at_k([["1", "2"]], [[True, False]], 3)
+  with pytest.raises(ValueError, match="prompts"):
+    maj_at_k([["1"]], [], 1)
+  with pytest.raises(ValueError, match="correctness flags"):
+    maj_at_k([["1", "2"]], [[True]], 1)
+  with pytest.raises(ValueError, match="k must be an int"):
+    maj_at_k([["1"]], [[True]], 0)

@@ -271,6 +271,10 @@ SYNTHETIC_BUILDERS = {"countdown": (Countdown, CountdownConfig),
 BENCHMARK_BUILDERS = {"gsm8k": Gsm8k, "math500": Math500, "aime24": Aime24, "amc23": Amc23}
 
 
+def _config_params(cfg) -> dict:
+  return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "description"}
+
+
 def get_builder(name: str, *, data_dir: str | os.PathLike | None, **config: Any,
                 ) -> tfds.core.DatasetBuilder:
   """A builder (not yet prepared) for one of the datasets of this module.
@@ -299,7 +303,12 @@ def get_builder(name: str, *, data_dir: str | os.PathLike | None, **config: Any,
     if unknown:
       raise ValueError(f"unknown {name} config keys {sorted(unknown)}; known: "
                        f"{sorted(known - {'version', 'release_notes', 'supported_versions', 'tags'})}")
-    return builder_cls(data_dir=data_dir, config=config_cls(**config))
+    cfg = config_cls(**config)
+    predefined = {c.name: c for c in builder_cls.BUILDER_CONFIGS}
+    if cfg.name in predefined and _config_params(predefined[cfg.name]) == _config_params(cfg):
+      # TFDS refuses a custom config named like a predefined one, even an identical one.
+      return builder_cls(data_dir=data_dir, config=cfg.name)
+    return builder_cls(data_dir=data_dir, config=cfg)
   if name in BENCHMARK_BUILDERS:
     if config:
       raise ValueError(f"benchmark {name!r} takes no config, got {sorted(config)}")

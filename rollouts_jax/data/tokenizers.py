@@ -55,13 +55,33 @@ def _as_id_list(ids: Any) -> list[int]:
   return [int(i) for i in arr.reshape(-1)]
 
 
+def _generation_tag_extension():
+  """``{% generation %}...{% endgeneration %}`` (marks assistant text in some templates): the
+  body is rendered as it is."""
+  from jinja2 import ext, nodes
+
+  class GenerationTag(ext.Extension):
+    tags = {"generation"}
+
+    def parse(self, parser):
+      lineno = next(parser.stream).lineno
+      body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+      return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+      return caller()
+
+  return GenerationTag
+
+
 def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]], *,
                          add_generation_prompt: bool = True, **context: Any) -> str:
   """Renders a Hugging Face style Jinja chat template.
 
-  Uses a sandboxed environment with ``trim_blocks`` / ``lstrip_blocks`` and the
-  ``loopcontrols`` extension, a ``raise_exception`` helper, a ``tojson`` filter that keeps
-  non-ASCII text, and ``strftime_now``, which is what checkpoint templates expect.
+  Uses a sandboxed environment with ``trim_blocks`` / ``lstrip_blocks``, the
+  ``loopcontrols`` extension and the ``{% generation %}`` tag, a ``raise_exception`` helper,
+  a ``tojson`` filter that keeps non-ASCII text, and ``strftime_now``, which is what
+  checkpoint templates expect.
 
   Args:
     template: the Jinja source (``chat_template`` of ``tokenizer_config.json``).
@@ -90,8 +110,9 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]], *
   def strftime_now(fmt):
     return datetime.datetime.now().strftime(fmt)
 
-  env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                              extensions=["jinja2.ext.loopcontrols"])
+  env = sandbox.ImmutableSandboxedEnvironment(
+      trim_blocks=True, lstrip_blocks=True,
+      extensions=["jinja2.ext.loopcontrols", _generation_tag_extension()])
   env.filters["tojson"] = tojson
   env.globals["raise_exception"] = raise_exception
   env.globals["strftime_now"] = strftime_now

@@ -112,6 +112,21 @@ def test_config_validation():
       "d1_seed2_train5_test3")
 
 
+def test_parameters_of_a_predefined_config(tmp_path):
+  # the same parameters as a predefined config give that config (TFDS refuses a look-alike)
+  for name, (builder_cls, _) in builders.SYNTHETIC_BUILDERS.items():
+    for predefined in builder_cls.BUILDER_CONFIGS:
+      params = builders._config_params(predefined)
+      del params["name"]
+      for key in ("version", "release_notes", "supported_versions", "tags"):
+        params.pop(key)
+      builder = builders.get_builder(name, data_dir=tmp_path, **params)
+      assert builder.builder_config is predefined
+  with pytest.raises(ValueError, match="Cannot name a custom BuilderConfig"):
+    builders.Countdown(data_dir=tmp_path, config=builders.CountdownConfig(
+        name=builders.Countdown.BUILDER_CONFIGS[0].name, seed=99))
+
+
 def test_split_without_examples_is_left_out(tmp_path):
   src = builders.load_dataset("arithmetic", "train", data_dir=tmp_path, digits=2, num_train=5,
                               num_test=0)

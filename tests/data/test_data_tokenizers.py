@@ -142,6 +142,21 @@ def test_char_rejects_bad_vocab():
     CharTokenizer(tokens=("<pad>", "<bos>", "<unk>", "a"))
 
 
+def test_render_chat_template_features():
+  render = tokenizers.render_chat_template
+  messages = [{"role": "user", "content": "ü"}, {"role": "assistant", "content": "ok"}]
+  tpl = ("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}"
+         "{{ m.content }}{% endgeneration %}{% else %}{{ m.content | tojson }}{% endif %}"
+         "{% endfor %}")
+  assert render(tpl, messages) == '"ü"ok'
+  with pytest.raises(Exception, match="only user"):
+    render("{{ raise_exception('only user roles') }}", messages)
+  with pytest.raises(ValueError, match="role"):
+    render("x", [{"content": "no role"}])
+  # trim_blocks: the newline after a block tag is dropped
+  assert render("{% if true %}\na{% endif %}", messages) == "a"
+
+
 # --- tokenizer.json ---------------------------------------------------------------------------
 
 

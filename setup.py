@@ -9,6 +9,7 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "numpy>=1.26",
+        "jinja2>=3.1",
         "jax>=0.6.0",
         "flax>=0.10.0",
         "optax>=0.2.4",

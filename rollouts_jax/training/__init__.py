@@ -1,0 +1,1 @@
+"""Training: the RL step, the loop, SFT warm start, checkpoints, metrics."""

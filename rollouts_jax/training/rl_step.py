@@ -1,0 +1,233 @@
+"""The RL update as one jitted function: (train state, rollouts) -> (train state, metrics).
+
+Advantages come from the configured transform chain over rewards [B, N]; the policy loss
+runs over micro-batches of rows (so large N fits), gradients are accumulated per
+minibatch, and each minibatch is one optimizer update; `ppo_epochs` passes are made
+over the batch. A non-finite loss or gradient skips the update (params and optimizer
+state stay as they were) and is reported in the metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from rollouts_jax import advantages as advantages_lib
+from rollouts_jax import losses, models
+from rollouts_jax.models import ModelConfig, Params
+from rollouts_jax.training.config import RLConfig
+
+_SEQ_MODES = ("seq-mean-token-sum", "seq-mean-token-mean")
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array       # int32 scalar: optimizer updates applied
+  params: Params
+  opt_state: Any
+
+
+@flax.struct.dataclass
+class Rollouts:
+  """One batch of grouped rollouts (B prompts, N samples, prompt length P, T new tokens)."""
+  prompt_ids: jax.Array         # int32 [B, P], left-padded
+  prompt_mask: jax.Array        # bool [B, P]
+  completion_ids: jax.Array     # int32 [B, N, T]
+  completion_mask: jax.Array    # bool [B, N, T]
+  rollout_logprobs: jax.Array   # float32 [B, N, T] under the sampling distribution
+  rewards: jax.Array            # float32 [B, N]
+  group_mask: jax.Array         # bool [B, N]; False for padding groups (dynamic sampling)
+  cluster_ids: jax.Array        # int32 [B, N]; strategy clusters (uniqueness recipes), else 0
+
+
+def make_optimizer(learning_rate: float, total_updates: int, warmup_steps: int = 0,
+                   weight_decay: float = 0.0, grad_clip: float = 0.0) -> optax.GradientTransformation:
+  """AdamW with linear warmup then cosine decay to 10%, after global-norm clipping."""
+  warmup = max(min(warmup_steps, total_updates - 1), 0)
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0 if warmup else learning_rate, peak_value=learning_rate, warmup_steps=warmup,
+      decay_steps=max(total_updates, warmup + 1), end_value=0.1 * learning_rate)
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
+  parts.append(optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=weight_decay))
+  return optax.chain(*parts)
+
+
+def rl_optimizer(rl: RLConfig) -> optax.GradientTransformation:
+  return make_optimizer(rl.learning_rate, rl.steps * rl.ppo_epochs * rl.num_minibatches,
+                        rl.warmup_steps, rl.weight_decay, rl.grad_clip)
+
+
+def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def advantage_transform(rl: RLConfig) -> advantages_lib.AdvantageTransform:
+  """The named advantage recipe of the config."""
+  recipe = getattr(advantages_lib, rl.advantage, None)
+  if recipe is None or rl.advantage.startswith("_") or not callable(recipe):
+    raise ValueError(f"Unknown advantage recipe {rl.advantage!r}; try grpo, dr_grpo, rloo, mc_grpo, "
+                     "uniqueness_grpo.")
+  return recipe()
+
+
+def completion_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array, mask_RxL: jax.Array,
+                        prompt_len: int):
+  """Log-probs and entropies of tokens [prompt_len:] given everything before them.
+
+  Returns:
+    (logprobs [R, T], entropy [R, T]) with T = L - prompt_len.
+  """
+  hidden = models.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
+  logits_RxTxV = models.unembed(cfg, params, hidden[:, prompt_len - 1:-1])
+  logp = jax.nn.log_softmax(logits_RxTxV, axis=-1)
+  targets = tokens_RxL[:, prompt_len:]
+  lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+  return lp, ent
+
+
+def _rows(r: Rollouts):
+  """Flattens [B, N] groups into R = B * N rows of prompt + completion."""
+  B, N, T = r.completion_ids.shape
+  P = r.prompt_ids.shape[1]
+  rep = lambda x: jnp.repeat(x, N, axis=0)
+  tokens = jnp.concatenate([rep(r.prompt_ids), r.completion_ids.reshape(B * N, T)], axis=1)
+  attn = jnp.concatenate([rep(r.prompt_mask), jnp.ones((B * N, T), bool)], axis=1)
+  return tokens, attn, P
+
+
+def _weight(mask_rxT, total_tokens, total_seqs, total_rows, agg):
+  """This micro-batch's share of a minibatch aggregate, so that summing shares is exact."""
+  if agg == "token-mean":
+    return jnp.sum(mask_rxT) / jnp.maximum(total_tokens, 1)
+  if agg in _SEQ_MODES:
+    return jnp.sum(jnp.any(mask_rxT, axis=1)) / jnp.maximum(total_seqs, 1)
+  return mask_rxT.shape[0] / total_rows
+
+
+def _split(x, n):
+  return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+
+
+def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro):
+  def body(_, xs):
+    lp, _ = completion_logprobs(cfg, params, xs[0], xs[1], P)
+    return None, lp
+  _, lp = jax.lax.scan(body, None, (_split(tokens, n_micro), _split(attn, n_micro)))
+  return jax.lax.stop_gradient(lp.reshape((-1,) + lp.shape[2:]))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "rl"), donate_argnums=(0,))
+def rl_step(state: TrainState, rollouts: Rollouts, ref_params: Params | None, *, cfg: ModelConfig,
+            rl: RLConfig) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One RL update on a batch of rollouts.
+
+  Args:
+    state: the train state (donated).
+    rollouts: the batch, grouped [B, N].
+    ref_params: reference policy for the KL penalty (None when rl.kl_coef == 0).
+    cfg: model configuration (static).
+    rl: RL configuration (static).
+  Returns:
+    (new state, metrics): scalars averaged over the updates of this step.
+  """
+  tx = rl_optimizer(rl)
+  B, N, T = rollouts.completion_ids.shape
+  R = B * N
+  adv_BxN, sample_mask_BxN = advantages_lib.apply(
+      advantage_transform(rl), rollouts.rewards, mask=rollouts.group_mask,
+      cluster_ids=rollouts.cluster_ids)
+  tokens, attn, P = _rows(rollouts)
+  adv_R = adv_BxN.reshape(R)
+  loss_mask_RxT = rollouts.completion_mask.reshape(R, T) & sample_mask_BxN.reshape(R, 1)
+  rollout_lp = rollouts.rollout_logprobs.reshape(R, T)
+  M = rl.num_minibatches
+  rows_per_mb = R // M
+  micro = rl.micro_batch_size or rows_per_mb
+  n_micro = rows_per_mb // micro
+  one_update = rl.ppo_epochs * M == 1
+  if one_update:
+    old_lp = None  # the policy that sampled is the one being updated: ratio 1 by construction
+  else:
+    old_lp = _no_grad_logprobs(cfg, state.params, tokens, attn, P, R // micro)
+  ref_lp = None
+  if rl.kl_coef > 0:
+    if ref_params is None:
+      raise ValueError("rl.kl_coef > 0 needs ref_params.")
+    ref_lp = _no_grad_logprobs(cfg, ref_params, tokens, attn, P, R // micro)
+
+  def micro_loss(params, mb, totals):
+    lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P)
+    old = jax.lax.stop_gradient(lp) if mb.get("old") is None else mb["old"]
+    pg, m = losses.policy_loss(
+        lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low, clip_high=rl.clip_high,
+        agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=T,
+        rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None)
+    total = pg
+    m = dict(m, pg_loss=pg)
+    if rl.kl_coef > 0:
+      kl = losses.kl_penalty(lp, mb["ref"], kind=rl.kl_kind, mask=mb["mask"], agg=rl.agg, max_len=T)
+      total = total + rl.kl_coef * kl
+      m["kl"] = kl
+    ent_mean = losses.aggregate(ent, mb["mask"], rl.agg, max_len=T)
+    if rl.entropy_coef > 0:
+      total = total - rl.entropy_coef * ent_mean
+    m["policy_entropy"] = ent_mean
+    w = _weight(mb["mask"], *totals, rl.agg)
+    return total * w, {k: v * w for k, v in m.items()} | {"ratio_max": m["ratio_max"], "ratio_min": m["ratio_min"]}
+
+  grad_fn = jax.grad(micro_loss, has_aux=True)
+
+  def minibatch_update(st: TrainState, idx):
+    sl = lambda x: jax.lax.dynamic_slice_in_dim(x, idx * rows_per_mb, rows_per_mb, axis=0)
+    mb = {"tokens": sl(tokens), "attn": sl(attn), "adv": sl(adv_R), "mask": sl(loss_mask_RxT),
+          "rollout": sl(rollout_lp)}
+    if old_lp is not None:
+      mb["old"] = sl(old_lp)
+    if ref_lp is not None:
+      mb["ref"] = sl(ref_lp)
+    totals = (jnp.sum(mb["mask"]), jnp.sum(jnp.any(mb["mask"], axis=1)), rows_per_mb)
+    micro_batches = jax.tree_util.tree_map(lambda x: _split(x, n_micro), mb)
+
+    def acc(carry, xs):
+      g_sum, m_sum = carry
+      g, m = grad_fn(st.params, xs, totals)
+      m_new = {k: (jnp.maximum(m_sum[k], v) if k == "ratio_max" else
+                   jnp.minimum(m_sum[k], v) if k == "ratio_min" else m_sum[k] + v) for k, v in m.items()}
+      return (jax.tree_util.tree_map(jnp.add, g_sum, g), m_new), None
+
+    m_shape = jax.eval_shape(lambda: grad_fn(st.params, jax.tree_util.tree_map(lambda x: x[0], micro_batches),
+                                             totals)[1])
+    m0 = {k: (jnp.full((), -jnp.inf) if k == "ratio_max" else jnp.full((), jnp.inf) if k == "ratio_min"
+              else jnp.zeros((), v.dtype)) for k, v in m_shape.items()}
+    g0 = jax.tree_util.tree_map(jnp.zeros_like, st.params)
+    (grads, m), _ = jax.lax.scan(acc, (g0, m0), micro_batches)
+    grad_norm = optax.global_norm(grads)
+    loss = m["pg_loss"] + (rl.kl_coef * m["kl"] if rl.kl_coef > 0 else 0.0)
+    ok = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+    updates, new_opt = tx.update(grads, st.opt_state, st.params)
+    new_params = optax.apply_updates(st.params, updates)
+    keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
+    st = TrainState(step=st.step + ok.astype(jnp.int32), params=keep(new_params, st.params),
+                    opt_state=keep(new_opt, st.opt_state))
+    m = dict(m, loss=loss, grad_norm=grad_norm, nonfinite=(~ok).astype(jnp.float32))
+    return st, m
+
+  all_metrics = []
+  for _ in range(rl.ppo_epochs):
+    state, m = jax.lax.scan(minibatch_update, state, jnp.arange(M))
+    all_metrics.append(m)
+  stacked = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *all_metrics)
+  metrics = {k: (jnp.max(v) if k in ("ratio_max", "nonfinite") else jnp.min(v) if k == "ratio_min"
+                 else jnp.mean(v)) for k, v in stacked.items()}
+  valid = rollouts.group_mask
+  metrics["advantage_abs_mean"] = jnp.sum(jnp.abs(adv_BxN) * sample_mask_BxN) / jnp.maximum(
+      jnp.sum(sample_mask_BxN), 1)
+  metrics["tokens_in_loss"] = jnp.sum(loss_mask_RxT).astype(jnp.float32)
+  metrics["groups"] = jnp.sum(jnp.any(valid, axis=1)).astype(jnp.float32)
+  return state, metrics

@@ -1,0 +1,28 @@
+"""Optax-style advantage transforms over rewards `[B, N]` and named recipes.
+
+>>> import jax.numpy as jnp
+>>> from rollouts_jax import advantages
+>>> t = advantages.chain(advantages.group_median_baseline(), advantages.scale_by_group_std())
+>>> values, mask, state = t.update(jnp.array([[0., 1., 1.]]), t.init())
+>>> values, mask = advantages.apply(advantages.mc_grpo(), jnp.array([[0., 1., 1.]]))
+"""
+from rollouts_jax.advantages import clustering
+from rollouts_jax.advantages.alias import dr_grpo, grpo, mc_grpo, rloo, uniqueness_grpo
+from rollouts_jax.advantages.base import (AdvantageTransform, ChainState, EmptyState, apply,
+                                          chain)
+from rollouts_jax.advantages.clustering import (cluster_by_answer, cluster_by_judge, llm_judge,
+                                                pairwise_judge)
+from rollouts_jax.advantages.transforms import (batch_std, clip, group_mean, group_mean_baseline,
+                                                group_median, group_median_baseline, group_std,
+                                                leave_one_out_baseline, novelty_sharpen,
+                                                reference_anchor, scale_by_batch_std,
+                                                scale_by_group_std, uniqueness_reweight)
+
+__all__ = [
+    "AdvantageTransform", "ChainState", "EmptyState", "apply", "chain",
+    "group_mean_baseline", "leave_one_out_baseline", "group_median_baseline",
+    "scale_by_group_std", "scale_by_batch_std", "batch_std", "clip", "uniqueness_reweight",
+    "novelty_sharpen", "reference_anchor", "group_mean", "group_std", "group_median",
+    "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo",
+    "clustering", "cluster_by_answer", "cluster_by_judge", "llm_judge", "pairwise_judge",
+]

@@ -1,0 +1,123 @@
+"""Named advantage recipes: chains of the transforms in `transforms.py`."""
+from __future__ import annotations
+
+from rollouts_jax.advantages import base
+from rollouts_jax.advantages import transforms as T
+
+
+def grpo(eps: float = 1e-4, ddof: int = 1) -> base.AdvantageTransform:
+  """GRPO: `A_i = (r_i - mean r) / (std r + eps)` per group.
+
+  Shao et al., 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
+  Language Models" (arXiv 2402.03300). Defaults follow TRL/verl: unbiased std, eps = 1e-4.
+
+  Args:
+    eps: added to the group std.
+    ddof: delta degrees of freedom of the std.
+
+  Returns:
+    `chain(group_mean_baseline(), scale_by_group_std(eps, ddof))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, _ = advantages.apply(advantages.grpo(eps=0., ddof=0), jnp.array([[1., 0.]]))
+    >>> adv.tolist()
+    [[1.0, -1.0]]
+  """
+  return base.chain(T.group_mean_baseline(), T.scale_by_group_std(eps=eps, ddof=ddof))
+
+
+def dr_grpo() -> base.AdvantageTransform:
+  """Dr. GRPO: `A_i = r_i - mean r`, no std division.
+
+  Liu et al., 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
+  (arXiv 2503.20783). Pair it with `losses.policy_loss(..., agg="seq-mean-token-sum-norm")`
+  to also drop the per-sequence length normalization.
+
+  Returns:
+    `chain(group_mean_baseline())`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> advantages.apply(advantages.dr_grpo(), jnp.array([[1., 0., 0., 0.]]))[0].tolist()
+    [[0.75, -0.25, -0.25, -0.25]]
+  """
+  return base.chain(T.group_mean_baseline())
+
+
+def rloo() -> base.AdvantageTransform:
+  """RLOO: leave-one-out baseline, `A_i = r_i - mean_{j != i} r_j`.
+
+  Ahmadian et al., 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
+  Learning from Human Feedback in LLMs" (arXiv 2402.14740); Kool et al., 2019.
+
+  Returns:
+    `chain(leave_one_out_baseline())`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> advantages.apply(advantages.rloo(), jnp.array([[2., 0., 1.]]))[0].tolist()
+    [[1.5, -1.5, 0.0]]
+  """
+  return base.chain(T.leave_one_out_baseline())
+
+
+def mc_grpo(scale: str = "mad", eps: float = 1e-6, mad_fallback: bool = True,
+            compensate: bool = False, exclude_pivot: bool = True) -> base.AdvantageTransform:
+  """MC-GRPO: median baseline, MAD scaling, one pivot sample per group out of the loss.
+
+  Median-Centered GRPO (arXiv 2601.22582): sample G+1 completions per prompt (odd N); see
+  `group_median_baseline` for the scaling guard that keeps binary rewards from producing
+  |A| = 1000 (`mad_fallback=False, eps=1e-3, compensate=True` reproduces the reference code).
+
+  Args:
+    scale: "mad" (paper), "std" or "none".
+    eps: added to the scale.
+    mad_fallback: scale a zero-MAD group by its std.
+    compensate: the reference's zero-advantage compensation.
+    exclude_pivot: drop the pivot from the loss (train mode).
+
+  Returns:
+    `chain(group_median_baseline(...))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, mask = advantages.apply(advantages.mc_grpo(), jnp.array([[1., 1., 0.]]))
+    >>> mask.tolist()
+    [[False, True, True]]
+  """
+  return base.chain(T.group_median_baseline(scale=scale, eps=eps, mad_fallback=mad_fallback,
+                                            compensate=compensate, exclude_pivot=exclude_pivot))
+
+
+def uniqueness_grpo(alpha: float = 0.5, eps: float = 1e-4, ddof: int = 1,
+                    count: str = "correct", renormalize: bool = True
+                    ) -> base.AdvantageTransform:
+  """Uniqueness-aware GRPO: GRPO advantages, correct samples scaled by `|cluster|^-alpha`.
+
+  "Rewarding the Rare" (Hu et al., arXiv 2601.08763). Needs `cluster_ids=` (int[B, N]) as an
+  extra input, e.g. from `clustering.cluster_by_judge`.
+
+  Args:
+    alpha: rarity exponent (0 gives GRPO).
+    eps, ddof: of the GRPO std.
+    count, renormalize: see `uniqueness_reweight`.
+
+  Returns:
+    `chain(group_mean_baseline(), scale_by_group_std(eps, ddof), uniqueness_reweight(...))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> r = jnp.array([[1., 1., 1., 0.]])
+    >>> adv, _ = advantages.apply(advantages.uniqueness_grpo(alpha=1.), r,
+    ...                           cluster_ids=jnp.array([[0, 0, 1, 2]]))
+    >>> bool(adv[0, 2] > adv[0, 0] > 0)
+    True
+  """
+  return base.chain(T.group_mean_baseline(), T.scale_by_group_std(eps=eps, ddof=ddof),
+                    T.uniqueness_reweight(alpha=alpha, count=count, renormalize=renormalize))

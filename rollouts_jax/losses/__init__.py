@@ -1,0 +1,18 @@
+"""Policy objectives (PPO-clip / DAPO, GSPO, CISPO), KL estimators, shaping, aggregation.
+
+>>> import jax.numpy as jnp
+>>> from rollouts_jax import losses
+>>> lp = jnp.zeros((2, 3)); m = jnp.ones((2, 3), bool)
+>>> loss, metrics = losses.policy_loss(lp, lp, jnp.array([1., -1.]), m, kind="ppo_clip",
+...                                    clip_low=0.2, clip_high=0.28, agg="token-mean")
+>>> kl = losses.kl_penalty(lp, lp, kind="k3")
+"""
+from rollouts_jax.losses.aggregation import AGG_MODES, aggregate, masked_mean
+from rollouts_jax.losses.kl import KL_KINDS, kl_penalty
+from rollouts_jax.losses.policy import KINDS, policy_loss
+from rollouts_jax.losses.shaping import entropy_bonus, entropy_from_logits, overlong_penalty
+
+__all__ = [
+    "AGG_MODES", "KINDS", "KL_KINDS", "aggregate", "masked_mean", "kl_penalty", "policy_loss",
+    "entropy_bonus", "entropy_from_logits", "overlong_penalty",
+]

@@ -231,3 +231,51 @@ def validate(cfg: ExperimentConfig) -> None:
     raise ValueError(f"data.template must be 'plain' or 'chat', got {cfg.data.template!r}.")
   if cfg.tokenizer.kind not in ("char", "sentencepiece", "hf"):
     raise ValueError(f"tokenizer.kind must be char, sentencepiece or hf, got {cfg.tokenizer.kind!r}.")
+
+
+def base_config_dict():
+  """An `ml_collections.ConfigDict` holding every key with its default (configs start here).
+
+  The dict is locked (as big_vision's are): a typo like `--config.rl.stpes=3` fails in the
+  launcher with the unknown key named.
+  """
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  plain = dataclasses.asdict(ExperimentConfig())
+  plain["mesh"]["shape"] = tuple(plain["mesh"]["shape"])
+  config = ml_collections.ConfigDict(plain)
+  config.lock()
+  return config
+
+
+def apply_smoke(config):
+  """Shrinks a config so that a warm start and one RL step run in seconds (the `smoke` variant)."""
+  config.data.num_train = 256
+  config.data.num_test = 16
+  config.model.hidden_size = 32
+  config.model.intermediate_size = 64
+  config.model.num_layers = 1
+  config.sft.steps = 5
+  config.sft.batch_size = 8
+  config.rl.steps = 1
+  config.rl.prompts_per_step = 4
+  config.rl.num_minibatches = 1
+  config.rl.micro_batch_size = 0
+  config.rl.num_samples = min(config.rl.num_samples, 5)
+  config.rl.max_new_tokens = min(config.rl.max_new_tokens, 16)
+  config.eval.num_examples = 8
+  config.eval.k = 2
+  config.eval.batch_size = 8
+  config.checkpoint.every = 1
+  return config
+
+
+def load_config_file(path: str | os.PathLike, arg: str | None = None):
+  """Calls `get_config(arg)` of a config file given by path (as `--config=path:arg` does)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = os.fspath(path)
+  spec = importlib.util.spec_from_file_location(f"_config_{abs(hash(path))}", path)
+  if spec is None or spec.loader is None:
+    raise FileNotFoundError(f"Cannot load config file {path}.")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg is not None else module.get_config()

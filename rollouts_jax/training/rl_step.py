@@ -63,6 +63,9 @@ def rl_optimizer(rl: RLConfig) -> optax.GradientTransformation:
 
 
 def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainState:
+  """A fresh train state. Params are copied: the jitted steps donate the state, and the
+  caller's arrays (e.g. the KL reference) must survive that."""
+  params = jax.tree_util.tree_map(jnp.copy, params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 

@@ -1,0 +1,44 @@
+r"""Evaluates a policy on a test split: pass@1, pass@k (unbiased estimator), maj@k, greedy accuracy.
+
+  # the final policy of a training run (its config and latest checkpoint):
+  python experiments/evaluate.py --workdir=/tmp/rollouts_default
+  # a Hugging Face checkpoint folder on a benchmark:
+  python experiments/evaluate.py --config=configs/gsm8k_qwen.py:/path/to/ckpt --config.eval.k=8
+"""
+
+import dataclasses
+import json
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+config_flags.DEFINE_config_file("config", os.path.join(_HERE, "..", "configs", "default.py"),
+                                "Experiment config file (path[:arg]).", lock_config=True)
+flags.DEFINE_string("workdir", None, "A training workdir: evaluates its latest checkpoint with its config.")
+flags.DEFINE_integer("num_examples", 0, "Override eval.num_examples (0: keep).")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
+  if FLAGS.workdir:
+    raw = json.loads(open(os.path.join(FLAGS.workdir, "config.json")).read())
+    exp = config_lib.from_config_dict(raw)
+  else:
+    exp = config_lib.from_config_dict(FLAGS.config)
+  if FLAGS.num_examples:
+    exp = dataclasses.replace(exp, eval=dataclasses.replace(exp.eval, num_examples=FLAGS.num_examples))
+  train, test = loop.load_task(exp)
+  cfg, params, tokenizer = loop.load_policy(exp, train)
+  if FLAGS.workdir:
+    params = loop.latest_params(exp, FLAGS.workdir, params)
+  result = loop.evaluate(exp, cfg, params, tokenizer, list(test[:exp.eval.num_examples]))
+  print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -12,7 +12,8 @@ from typing import Iterable, Optional
 
 ANSWER_KINDS = ("boxed", "answer_tag", "hash", "gsm8k", "last_number", "auto")
 
-_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BOX_TOKEN_RE = re.compile(r"[^\s$]+")
 # A number: optional sign (a minus right after a word, digit or bracket is subtraction, not a
 # sign), thousands groups only when they are complete, optional decimals.
 _NUMBER_RE = re.compile(
@@ -20,14 +21,14 @@ _NUMBER_RE = re.compile(
     r"(?:(?<![\w.])\d{1,3}(?:,\d{3})+(?![\d])|(?<![\w.])\d+)(?:\.\d+)?"
     r"|(?:(?<![\w)\]}])[-\u2212])?(?<![\w.])\.\d+")
 _PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[-+]?\.\d+")
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
 def find_boxed(text: str) -> Optional[str]:
     """Returns the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``.
 
     Braces are matched, so nested groups survive (``\\boxed{\\frac{1}{2}}`` gives
-    ``\\frac{1}{2}``). ``\\boxed 5`` (no braces) gives the next token. An unclosed box gives None.
+    ``\\frac{1}{2}``). ``\\boxed 5`` (no braces) gives the next token. A box that is never
+    closed is skipped. Linear time, however many unclosed boxes a degenerate completion holds.
 
     Args:
         text: a completion.
@@ -38,51 +39,55 @@ def find_boxed(text: str) -> Optional[str]:
     >>> find_boxed(r"so $\\boxed{\\frac{1}{2}}$, not \\boxed{3")
     '\\\\frac{1}{2}'
     """
-    best = None
-    for cmd in _BOX_COMMANDS:
-        start = text.rfind(cmd)
-        while start != -1:
-            content = _box_content(text, start + len(cmd))
-            if content is not None:
-                if best is None or start > best[0]:
-                    best = (start, content)
-                break
-            start = text.rfind(cmd, 0, start)
-    return None if best is None else best[1].strip()
-
-
-def _box_content(text: str, i: int) -> Optional[str]:
-    """Content of a box whose command ends at ``text[i]``; None if malformed."""
-    if i < len(text) and text[i].isalpha():
-        return None  # e.g. "\boxedx": another command
-    j = i
-    while j < len(text) and text[j] == " ":
-        j += 1
-    if j >= len(text):
-        return None
-    if text[j] != "{":
-        m = re.match(r"[^\s$]+", text[j:])
-        return m.group(0) if m else None
-    depth = 0
-    for k in range(j, len(text)):
-        c = text[k]
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[j + 1:k]
+    starts = [m.end() for m in _BOX_RE.finditer(text)]
+    closing = None
+    for i in reversed(starts):
+        j = i
+        while j < len(text) and text[j] == " ":
+            j += 1
+        if j >= len(text):
+            continue
+        if text[j] != "{":
+            m = _BOX_TOKEN_RE.match(text, j)
+            if m:
+                return m.group(0)
+            continue
+        if closing is None:
+            closing = _closing_braces(text)
+        k = closing.get(j)
+        if k is not None:
+            return text[j + 1:k].strip()
     return None
 
 
+def _closing_braces(text: str) -> dict[int, int]:
+    """Maps the index of each ``{`` to that of its matching ``}`` (unmatched ones are absent)."""
+    stack, match = [], {}
+    for i, c in enumerate(text):
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            match[stack.pop()] = i
+    return match
+
+
 def find_answer_tag(text: str) -> Optional[str]:
-    """Returns the stripped content of the last ``<answer>...</answer>`` block, or None.
+    """Returns the stripped content of the last complete ``<answer>...</answer>``, or None.
+
+    The block is the last closing tag and the nearest opening tag before it (tags are matched
+    case-insensitively), found in linear time.
 
     >>> find_answer_tag("<think>2+2</think><answer> 4 </answer>")
     '4'
     """
-    matches = _ANSWER_TAG_RE.findall(text)
-    return matches[-1].strip() if matches else None
+    lower = text.lower()
+    end = lower.rfind("</answer>")
+    if end == -1:
+        return None
+    start = lower.rfind("<answer>", 0, end)
+    if start == -1:
+        return None
+    return text[start + len("<answer>"):end].strip()
 
 
 def find_hash_answer(text: str) -> Optional[str]:

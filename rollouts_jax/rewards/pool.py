@@ -152,6 +152,9 @@ def _finish_stats(stats: dict, failures: collections.Counter, t0: float) -> dict
 class GraderPool:
     """A set of grader processes with per-call deadlines; see the module docstring.
 
+    One :meth:`score` call at a time per pool (it is not thread-safe). POSIX only (workers
+    get their socket through ``pass_fds`` and are stopped with SIGKILL).
+
     Args:
         num_workers: worker processes (default :func:`default_num_workers`).
         preload: modules each worker imports before it reports ready.
@@ -332,7 +335,7 @@ class GraderPool:
                     elif not w.ready and now - w.spawned > self._startup_timeout_s:
                         startup_failures += 1
                         self._replace(idx)
-                if startup_failures > 2 * self.num_workers + 2:
+                if startup_failures > self.num_workers:
                     raise RuntimeError("grader workers keep failing to start; check that "
                                        f"{self._preload} imports in a fresh process")
         except BaseException:

@@ -93,3 +93,26 @@ def test_numbers_and_parsing():
     assert rewards.parse_number(27.0) == 27
     for bad in ("", "abc", "1/0", "1.2.3", True, None, float("nan")):
         assert rewards.parse_number(bad) is None
+
+
+def test_degenerate_repetitions_are_linear_time():
+    import time
+    texts = ["\\boxed{" * 20000, "<answer>" * 20000 + "7", "{" * 50000 + "\\boxed{1" + "}" * 10,
+             "#### " * 20000, "1," * 50000]
+    t0 = time.perf_counter()
+    for text in texts:
+        for kind in rewards.ANSWER_KINDS:
+            rewards.extract_answer(text, kind)
+        rewards.gsm8k_reward(text, "1")
+        rewards.countdown_reward(text, ([1, 2], 3))
+        rewards.format_reward(text)
+    assert time.perf_counter() - t0 < 5.0
+    assert rewards.find_boxed("\\boxed{" * 20000) is None
+    assert rewards.find_boxed("{" * 50000 + "\\boxed{1" + "}" * 10) == "1"
+
+
+def test_answer_tag_takes_the_innermost_last_block():
+    assert rewards.find_answer_tag("<answer>1</answer> then <ANSWER> 2 </Answer>") == "2"
+    assert rewards.find_answer_tag("<answer> a <answer> b </answer>") == "b"
+    assert rewards.find_answer_tag("<answer>1</answer><answer>2") == "1"
+    assert rewards.find_answer_tag("</answer><answer>") is None

@@ -132,3 +132,17 @@ def test_registry_round_trip():
             rewards.register_reward_fn("test_length", graders.length_or_hang)
     finally:
         rewards.registry._REGISTRY.pop("test_length")
+
+
+def test_workers_that_cannot_start_raise_instead_of_looping():
+    p = rewards.GraderPool(num_workers=1, preload=("rollouts_jax_no_such_module",),
+                           startup_timeout_s=30)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="failing to start"):
+            p.score("gsm8k", ["#### 1"], ["1"], timeout_s=5)
+        assert time.monotonic() - t0 < 30
+    finally:
+        p.close()
+    with pytest.raises(ValueError, match="closed"):
+        p.score("gsm8k", ["#### 1"], ["1"])

@@ -117,6 +117,15 @@ def test_every_math500_reference_accepts_itself():
 
 
 @needs_math500
+def test_every_math500_worked_solution_scores_one():
+    # The full reference solutions (prose, LaTeX, [asy] code, a final \boxed{}) as completions.
+    with open(MATH500) as f:
+        rows = [json.loads(line) for line in f]
+    for row in rows:
+        assert rewards.math_reward(row["solution"], row["answer"]) == 1.0, row["unique_id"]
+
+
+@needs_math500
 def test_math500_rewritings_and_near_misses_subset():
     answers = _math500_answers()[::SUBSET_STRIDE]
     assert _check_rewrites(answers) > 4 * len(answers)

@@ -229,6 +229,9 @@ def validate(cfg: ExperimentConfig) -> None:
     raise ValueError(f"rl.loss_kind must be ppo_clip, gspo or cispo, got {cfg.rl.loss_kind!r}.")
   if cfg.data.template not in ("plain", "chat"):
     raise ValueError(f"data.template must be 'plain' or 'chat', got {cfg.data.template!r}.")
+  if cfg.data.task not in ("arithmetic", "countdown"):
+    from rollouts_jax.data import benchmarks  # pylint: disable=g-import-not-at-top
+    benchmarks.benchmark_file(cfg.data.task, "test", cfg.data.manual_dir or None)  # names the missing file
   if cfg.tokenizer.kind not in ("char", "sentencepiece", "hf"):
     raise ValueError(f"tokenizer.kind must be char, sentencepiece or hf, got {cfg.tokenizer.kind!r}.")
 

@@ -1,0 +1,101 @@
+"""The RL loop end to end on the smoke config: resume equality, NaN stop, clear config errors."""
+
+import dataclasses
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from rollouts_jax.training import config as config_lib
+from rollouts_jax.training import loop
+from rollouts_jax.training.metrics import read_jsonl
+from rollouts_jax.training.rl_step import advantage_transform
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  root = tmp_path_factory.mktemp("cache")
+  mp = pytest.MonkeyPatch()
+  mp.setenv("ROLLOUTS_JAX_CACHE", str(root))
+  yield root
+  mp.undo()
+
+
+def _smoke(**rl):
+  cd = config_lib.load_config_file(REPO / "configs" / "default.py", "smoke")
+  for k, v in rl.items():
+    setattr(cd.rl, k, v)
+  return config_lib.from_config_dict(cd)
+
+
+def test_killed_run_resumes_to_the_same_params(cache, tmp_path):
+  exp = _smoke(steps=3)
+  full = loop.train(exp, tmp_path / "full", progress=False)
+  stopped = loop.train(dataclasses.replace(exp, stop_after_step=2), tmp_path / "killed", progress=False)
+  assert stopped["stopped_at"] == 2
+  resumed = loop.train(exp, tmp_path / "killed", progress=False)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(full["params"]),
+                         jax.device_get(resumed["params"]))
+  rows = read_jsonl(tmp_path / "killed" / "metrics.jsonl")
+  rl_steps = [r["step"] for r in rows if "reward_mean" in r]
+  assert rl_steps == [1, 2, 3]  # each step logged once despite the restart
+  assert {"before", "after"} <= set(resumed)
+  assert (tmp_path / "full" / "plots").is_dir() and list((tmp_path / "full" / "plots").glob("*.png"))
+  assert list((tmp_path / "full" / "tb").glob("events.out.tfevents.*"))
+  for key in ("reward_mean", "accuracy", "response_length", "entropy", "grad_norm", "clip_frac_low",
+              "tokens_per_s", "time/sample", "time/update"):
+    assert key in rows[1], key
+
+
+def test_nonfinite_updates_stop_the_run(cache, tmp_path, monkeypatch):
+  exp = _smoke(steps=5, max_nonfinite_steps=2)
+  real = loop.score
+
+  def nan_scores(exp_, texts, refs):
+    r, stats = real(exp_, texts, refs)
+    return np.full_like(r, np.nan), stats
+
+  monkeypatch.setattr(loop, "score", nan_scores)
+  with pytest.raises(loop.TrainingStopped, match="2 consecutive non-finite"):
+    loop.train(exp, tmp_path, progress=False)
+  rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "nonfinite" in r]
+  assert [r["nonfinite"] for r in rows] == [1.0, 1.0]
+
+
+def test_unknown_config_key_is_named():
+  cd = config_lib.load_config_file(REPO / "configs" / "default.py").to_dict()
+  cd["rl"]["stpes"] = 3
+  with pytest.raises(ValueError, match=r"rl\.stpes"):
+    config_lib.from_config_dict(cd)
+  with pytest.raises(AttributeError):
+    config_lib.load_config_file(REPO / "configs" / "default.py").rl.stpes = 3  # locked ConfigDict
+
+
+def test_unsupported_model_and_missing_folders_fail_early(tmp_path):
+  cd = config_lib.load_config_file(REPO / "configs" / "default.py")
+  cd.model.model_type = "gpt2"
+  with pytest.raises(ValueError, match="Unsupported model.model_type 'gpt2'.*llama, qwen2, qwen3"):
+    config_lib.from_config_dict(cd)
+  cd = config_lib.load_config_file(REPO / "configs" / "gsm8k_qwen.py", str(tmp_path / "nope"))
+  with pytest.raises(FileNotFoundError, match="no config.json"):
+    config_lib.from_config_dict(cd)
+  cd = config_lib.load_config_file(REPO / "configs" / "default.py")
+  cd.data.task = "gsm8k"
+  cd.data.manual_dir = str(tmp_path / "missing")
+  with pytest.raises(FileNotFoundError, match="gsm8k"):
+    config_lib.from_config_dict(cd)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.py")))
+def test_every_config_loads_and_validates(name, tmp_path):
+  arg = "smoke" if name != "gsm8k_qwen" else None
+  cd = config_lib.load_config_file(REPO / "configs" / f"{name}.py", arg)
+  if name == "gsm8k_qwen":
+    assert cd.model.init == "hf"
+    return
+  exp = config_lib.from_config_dict(cd)
+  assert exp.rl.steps >= 1
+  advantage_transform(exp.rl)  # the named recipe exists

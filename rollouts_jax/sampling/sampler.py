@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rollouts_jax import models
+from rollouts_jax import sharding
 from rollouts_jax.models import ModelConfig, Params
 
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -229,14 +230,16 @@ def _decode(cfg, config, params, cache, first_logits_RxV, key) -> _DecodeState:
   return jax.lax.while_loop(cond, functools.partial(_sample_step, cfg, config, params), state)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _sample_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask, key):
+@functools.partial(jax.jit, static_argnums=(0, 1, 6))
+def _sample_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask, key,
+                shard_ctx: sharding.ShardingContext | None = None):
   B, P = prompt_ids.shape
   N, T, n = config.num_samples, config.max_new_tokens, config.chunk
   num_chunks = -(-N // n)
   cache_len = config.cache_len or (P + T)
   cache_dtype = jnp.dtype(config.cache_dtype) if config.cache_dtype else params["embed"].dtype
-  cache = models.init_cache(cfg, B, cache_len, cache_dtype)
+  # Layout hint for the cache (identity unless sample() ran inside sharding.use_rules).
+  cache = sharding.constrain_kv_cache(models.init_cache(cfg, B, cache_len, cache_dtype), shard_ctx)
   logits_Bx1xV, cache = models.forward_with_cache(cfg, params, prompt_ids, cache, prompt_mask, last_only=True)
 
   def run_chunk(chunk_index):
@@ -244,6 +247,7 @@ def _sample_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt
     rep = lambda x: jnp.repeat(x, n, axis=0)
     chunk_cache = models.KVCache(k=jnp.repeat(cache.k, n, axis=1), v=jnp.repeat(cache.v, n, axis=1),
                                  mask=rep(cache.mask), next_pos=rep(cache.next_pos), index=cache.index)
+    chunk_cache = sharding.constrain_kv_cache(chunk_cache, shard_ctx)
     s = _decode(cfg, config, params, chunk_cache, rep(logits_Bx1xV[:, 0]), jax.random.fold_in(key, chunk_index))
     group = lambda x: x.reshape(B, n, T)
     return (group(s.tokens_RxT), group(s.mask_RxT), group(s.logprobs_RxT), group(s.policy_logprobs_RxT),
@@ -316,4 +320,4 @@ def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask:
     raise ValueError("Every prompt needs at least one real token (a row of prompt_mask is all False).")
   prompt_ids, prompt_mask = left_pad_to(prompt_ids, prompt_mask, P_bucket, config.pad_id)
   return _sample_jit(cfg, config, params, jnp.asarray(prompt_ids, jnp.int32),
-                     jnp.asarray(prompt_mask, bool), key)
+                     jnp.asarray(prompt_mask, bool), key, sharding.current_context())

@@ -1,0 +1,317 @@
+"""Multi-device checks of rollouts_jax.sharding on 8 host CPU devices.
+
+XLA_FLAGS must be set before JAX starts, so test_sharding.py runs this file in a
+subprocess. To run it directly:
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m pytest -q tests/sharding/multidevice_suite.py
+"""
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rollouts_jax import models, sampling
+from rollouts_jax import sharding as sh
+from rollouts_jax.sampling import sampler as sampler_lib
+
+pytestmark = pytest.mark.skipif(
+    jax.device_count() != 8,
+    reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (run via test_sharding.py)")
+
+CFG = models.ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                         num_heads=4, num_kv_heads=2)
+B, L = 8, 12
+# Every mesh runs the most demanding preset; on (8,1,1) and (1,1,1) it reduces to pure data parallel.
+MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 1)]
+TOL = 1e-5
+OPT = optax.adamw(1e-3)
+GREEDY = sampling.SamplingConfig(num_samples=2, max_new_tokens=6, greedy=True, prompt_buckets=())
+
+
+def mesh_of(shape):
+  return sh.make_mesh(shape, devices=jax.devices()[:int(np.prod(shape))])
+
+
+def max_diff(a, b):
+  """Largest absolute difference over matching leaves (compared on the host)."""
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  return max(float(np.max(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32))))
+             for x, y in zip(la, lb))
+
+
+def same_sharding(x, spec, mesh):
+  return x.sharding.is_equivalent_to(NamedSharding(mesh, spec), x.ndim)
+
+
+@functools.cache
+def ref_params():
+  return models.init_params(CFG, jax.random.key(0))
+
+
+@functools.cache
+def batch_np():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, CFG.vocab_size, (B, L)).astype(np.int32)
+  pad = rng.integers(0, 4, B)  # left padding
+  mask = np.arange(L)[None, :] >= pad[:, None]
+  adv = rng.normal(size=B).astype(np.float32)
+  return {"tokens": tokens, "mask": mask, "adv": adv}
+
+
+def pg_loss(params, batch):
+  """Policy-gradient style loss: -mean over real next tokens of adv * log p(token)."""
+  logits = models.forward(CFG, params, batch["tokens"], batch["mask"])
+  logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+  tok_lp = jnp.take_along_axis(logp, batch["tokens"][:, 1:, None], axis=-1)[..., 0]
+  m = (batch["mask"][:, 1:] & batch["mask"][:, :-1]).astype(jnp.float32)
+  return -jnp.sum(batch["adv"][:, None] * tok_lp * m) / jnp.sum(m)
+
+
+def rl_step(state, batch):
+  loss, grads = jax.value_and_grad(pg_loss)(state["params"], batch)
+  updates, opt_state = OPT.update(grads, state["opt_state"], state["params"])
+  return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, {"loss": loss}
+
+
+# ------------------------------------------------------------------ meshes and errors
+
+
+def test_make_mesh_axes_and_fill():
+  mesh = sh.make_mesh((2, 4, 1))
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+  assert dict(sh.make_mesh((1, -1, 2)).shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+  assert sorted(d.id for d in mesh.devices.flat) == list(range(8))
+
+
+@pytest.mark.parametrize("shape, needle", [((3, 1, 1), r"3 devices.*device count 8"),
+                                           ((2, 2, 4), r"16 devices.*device count 8"),
+                                           ((-1, 3, 1), r"\(3\) does not divide the device count 8")])
+def test_mesh_shape_not_matching_devices_raises(shape, needle):
+  with pytest.raises(ValueError, match=needle):
+    sh.make_mesh(shape)
+
+
+def test_mesh_shape_wrong_length_raises():
+  with pytest.raises(ValueError, match="axis names"):
+    sh.make_mesh((8, 1))
+
+
+def test_indivisible_parameter_raises_naming_param_axis_and_sizes():
+  cfg = CFG.replace(vocab_size=100)
+  with pytest.raises(ValueError) as e:
+    sh.param_shardings(cfg, sh.make_mesh((1, 1, 8)), sh.get_rules("fsdp_tp"))
+  msg = str(e.value)
+  for part in ("'embed'", "dimension 0", "'vocab'", "size 100", "mesh axis 'tensor'", "size 8"):
+    assert part in msg, msg
+  odd = CFG.replace(hidden_size=36, num_heads=2, num_kv_heads=2)
+  with pytest.raises(ValueError, match=r"'embed': dimension 1 \('embed'\) has size 36.*'fsdp' of size 8"):
+    sh.param_shardings(odd, sh.make_mesh((1, 8, 1)), sh.get_rules("fsdp"))
+  with pytest.raises(ValueError, match=r"'embed'.*size 100.*'tensor' of size 8"):
+    sh.shard_params(jax.tree.map(np.zeros, models.param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple)),
+                    jax.tree.map(lambda s: NamedSharding(sh.make_mesh((1, 1, 8)), s),
+                                 sh.param_specs(cfg, sh.get_rules("fsdp_tp"))))
+
+
+def test_batch_not_divisible_raises():
+  with pytest.raises(ValueError, match=r"global batch size 6.*\('data', 'fsdp'\) of size 8"):
+    sh.shard_batch(np.zeros((6, 3)), sh.make_mesh((2, 4, 1)))
+
+
+# ------------------------------------------------------------------ parameters are sharded as the preset says
+
+
+@pytest.mark.parametrize("preset", ["pure_dp", "fsdp", "fsdp_tp"])
+def test_params_sharded_as_preset(preset):
+  mesh, rules = sh.make_mesh((2, 2, 2)), sh.get_rules(preset)
+  params = sh.shard_params(ref_params(), sh.param_shardings(CFG, mesh, rules))
+  axes = models.param_axes(CFG)
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  flat_axes = jax.tree.structure(params).flatten_up_to(axes)
+  for (path, x), names in zip(flat, flat_axes):
+    spec = sh.logical_to_spec(names, rules)
+    assert x.sharding.spec == spec, (path, x.sharding.spec, spec)
+    # Each device really holds only its block: global shape / mesh-axis sizes.
+    split = [int(np.prod([mesh.shape[a] for a in ((e,) if isinstance(e, str) else e or ())]))
+             for e in tuple(spec) + (None,) * (x.ndim - len(spec))]
+    expected = tuple(d // s for d, s in zip(x.shape, split))
+    assert all(s.data.shape == expected for s in x.addressable_shards), (path, expected)
+    assert len({str(s.index) for s in x.addressable_shards}) == int(np.prod(split))
+  q = params["layers"]["q"]
+  if preset == "pure_dp":
+    assert q.addressable_shards[0].data.shape == q.shape
+  elif preset == "fsdp":
+    assert q.sharding.spec == P(None, "fsdp", None)
+  else:
+    assert q.sharding.spec == P(None, "fsdp", "tensor")
+    assert params["embed"].sharding.spec == P("tensor", "fsdp")
+
+
+def test_sharded_init_matches_single_device_init():
+  mesh, rules = sh.make_mesh((2, 2, 2)), sh.get_rules("fsdp_tp")
+  params = sh.sharded_init(CFG, jax.random.key(0), mesh, rules)
+  assert max_diff(params, ref_params()) < 1e-7
+  shardings = sh.param_shardings(CFG, mesh, rules)
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, params, shardings))
+
+
+def test_tree_shardings_like_train_state():
+  mesh, rules = sh.make_mesh((2, 2, 2)), sh.get_rules("fsdp_tp")
+  ps = sh.param_shardings(CFG, mesh, rules)
+  state = jax.eval_shape(lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,
+                                    "opt_state": OPT.init(p)}, ref_params())
+  s = sh.tree_shardings_like(state, ps, ref_params())
+  assert s["params"]["layers"]["down"] == ps["layers"]["down"]
+  assert s["opt_state"][0].mu["layers"]["q"] == ps["layers"]["q"]
+  assert s["opt_state"][0].nu["embed"] == ps["embed"]
+  assert s["opt_state"][0].count.spec == P() and s["step"].spec == P()
+
+
+# ------------------------------------------------------------------ forward, sampler, RL step: mesh equivalence
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_forward_matches_single_device(shape):
+  mesh, rules = mesh_of(shape), sh.get_rules("fsdp_tp")
+  b = batch_np()
+  ref = models.forward(CFG, ref_params(), b["tokens"], b["mask"])
+  params = sh.shard_params(ref_params(), sh.param_shardings(CFG, mesh, rules))
+  tokens, mask = sh.shard_batch((b["tokens"], b["mask"]), mesh)
+  out = models.forward(CFG, params, tokens, mask)
+  assert max_diff(out, ref) <= TOL
+
+
+@pytest.mark.parametrize("preset", ["pure_dp", "fsdp"])
+def test_forward_other_presets_on_full_mesh(preset):
+  mesh, rules = sh.make_mesh((2, 2, 2)), sh.get_rules(preset)
+  b = batch_np()
+  params = sh.shard_params(ref_params(), sh.param_shardings(CFG, mesh, rules))
+  out = models.forward(CFG, params, *sh.shard_batch((b["tokens"], b["mask"]), mesh))
+  assert max_diff(out, models.forward(CFG, ref_params(), b["tokens"], b["mask"])) <= TOL
+
+
+@functools.cache
+def ref_samples():
+  b = batch_np()
+  return sampling.sample(CFG, ref_params(), b["tokens"], b["mask"], jax.random.key(3), GREEDY)
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_greedy_sampler_matches_single_device(shape):
+  mesh, rules = mesh_of(shape), sh.get_rules("fsdp_tp")
+  b = batch_np()
+  params = sh.shard_params(ref_params(), sh.param_shardings(CFG, mesh, rules))
+  tokens, mask = sh.shard_batch((b["tokens"], b["mask"]), mesh)
+  with sh.use_rules(mesh, rules):
+    out = sampling.sample(CFG, params, tokens, mask, jax.random.key(3), GREEDY)
+  ref = ref_samples()
+  np.testing.assert_array_equal(np.asarray(out.completion_ids), np.asarray(ref.completion_ids))
+  np.testing.assert_array_equal(np.asarray(out.completion_mask), np.asarray(ref.completion_mask))
+  assert max_diff(out.policy_logprobs, ref.policy_logprobs) <= TOL
+
+
+def test_kv_cache_constraint_hook():
+  mesh, rules = sh.make_mesh((2, 2, 2)), sh.get_rules("fsdp_tp")
+  ctx = sh.ShardingContext(mesh, rules)
+  make = lambda b: sh.constrain_kv_cache(models.init_cache(CFG, b, 16), ctx)
+  cache = jax.jit(make, static_argnums=0)(8)
+  assert same_sharding(cache.k, P(None, ("data", "fsdp"), None, "tensor", None), mesh)
+  assert same_sharding(cache.mask, P(("data", "fsdp"), None), mesh)
+  # A hint never fails: 6 rows do not split 4 ways, so only the 'data' axis is kept.
+  assert same_sharding(jax.jit(make, static_argnums=0)(6).k, P(None, "data", None, "tensor", None), mesh)
+  # No rules active: identity, and the sampler's program carries no constraints.
+  plain = models.init_cache(CFG, 2, 4)
+  assert sh.constrain_kv_cache(plain) is plain
+  b = batch_np()
+  lower = lambda c: sampler_lib._sample_jit.lower(CFG, GREEDY, ref_params(), b["tokens"], b["mask"],
+                                                  jax.random.key(0), c).as_text()
+  # Constraints over the mesh (Shardy syntax, or a GSPMD custom call with a device tile).
+  count = lambda text: len(re.findall(r"sharding_constraint[^\n]*<@mesh,|@Sharding[^\n]*devices=\[", text))
+  assert count(lower(None)) == 0
+  assert count(lower(ctx)) >= 8  # k, v, mask, next_pos at prefill and per chunk
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_rl_step_matches_single_device_and_donates(shape):
+  mesh, rules = mesh_of(shape), sh.get_rules("fsdp_tp")
+  b = batch_np()
+  ref_state = {"params": ref_params(), "opt_state": OPT.init(ref_params())}
+  ref_new, ref_aux = jax.jit(rl_step)(ref_state, b)
+
+  ps = sh.param_shardings(CFG, mesh, rules)
+  params = sh.shard_params(ref_params(), ps)
+  state = {"params": params, "opt_state": sh.init_sharded_opt_state(OPT, params, ps)}
+  state_shardings = sh.tree_shardings_like(state, ps, params)
+  step = sh.jit_sharded_step(rl_step, state_shardings, sh.data_sharding(mesh))
+  old_leaf = state["params"]["layers"]["q"]
+  new, aux = step(state, sh.shard_batch(b, mesh))
+
+  assert abs(float(aux["loss"]) - float(ref_aux["loss"])) <= TOL
+  assert max_diff(new, ref_new) <= TOL
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, new, state_shardings))
+  assert old_leaf.is_deleted()  # the state was donated
+  before = step._cache_size()
+  new, _ = step(new, sh.shard_batch(b, mesh))
+  assert step._cache_size() == before  # same shardings in and out: no recompile
+
+
+# ------------------------------------------------------------------ checkpoints and roles
+
+
+def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path):
+  b = batch_np()
+  # fsdp_tp on (8, 1, 1) replicates every parameter (its fsdp and tensor axes have size 1), and
+  # reuses the step compiled by the (8, 1, 1) step test.
+  src_mesh, src_rules = sh.make_mesh((8, 1, 1)), sh.get_rules("fsdp_tp")
+  ps = sh.param_shardings(CFG, src_mesh, src_rules)
+  params = sh.shard_params(ref_params(), ps)
+  state = {"params": params, "opt_state": sh.init_sharded_opt_state(OPT, params, ps)}
+  shardings = sh.tree_shardings_like(state, ps, params)
+  state, _ = sh.jit_sharded_step(rl_step, shardings, sh.data_sharding(src_mesh))(state, sh.shard_batch(b, src_mesh))
+  sh.save_sharded(tmp_path / "ckpt", state)
+
+  for shape, preset in [((2, 2, 2), "fsdp_tp"), ((1, 1, 1), "fsdp")]:
+    mesh, rules = mesh_of(shape), sh.get_rules(preset)
+    dst_ps = sh.param_shardings(CFG, mesh, rules)
+    target = sh.abstract_tree(jax.eval_shape(lambda s: s, state),
+                              sh.tree_shardings_like(state, dst_ps, params))
+    restored = sh.restore_sharded(tmp_path / "ckpt", target)
+    assert max_diff(restored, state) == 0.0
+    assert restored["params"]["layers"]["q"].sharding == dst_ps["layers"]["q"]
+    assert restored["opt_state"][0].mu["embed"].sharding == dst_ps["embed"]
+    assert int(restored["opt_state"][0].count) == 1
+
+
+def test_separate_rollout_and_train_meshes_handoff():
+  roles = sh.RolloutTrainMeshes.create(sh.MeshConfig((1, 4, 1), "fsdp", (2, 1, 2), "fsdp_tp"))
+  assert roles.separate
+  train_ids = {d.id for d in roles.train_mesh.devices.flat}
+  rollout_ids = {d.id for d in roles.rollout_mesh.devices.flat}
+  assert train_ids == {0, 1, 2, 3} and rollout_ids == {4, 5, 6, 7}
+  train_params = sh.shard_params(ref_params(), roles.train_shardings(CFG))
+  rollout_params = roles.to_rollout(CFG, train_params)
+  assert max_diff(rollout_params, ref_params()) == 0.0
+  for x in jax.tree.leaves(rollout_params):
+    assert {d.id for d in x.devices()} <= rollout_ids
+  assert rollout_params["layers"]["q"].sharding.spec == P(None, "fsdp", "tensor")
+  b = batch_np()
+  tokens, mask = sh.shard_batch((b["tokens"], b["mask"]), roles.rollout_mesh)
+  with roles.rollout_context():
+    out = sampling.sample(CFG, rollout_params, tokens, mask, jax.random.key(3), GREEDY)
+  np.testing.assert_array_equal(np.asarray(out.completion_ids), np.asarray(ref_samples().completion_ids))
+  half = sh.handoff(train_params, roles.rollout_shardings(CFG), dtype=jnp.bfloat16)
+  assert half["embed"].dtype == jnp.bfloat16 and half["embed"].sharding == roles.rollout_shardings(CFG)["embed"]
+
+
+def test_colocated_roles_and_bad_splits():
+  roles = sh.RolloutTrainMeshes.create(sh.MeshConfig((2, 4, 1), "fsdp"))
+  assert not roles.separate and roles.train_mesh is roles.rollout_mesh
+  fill = sh.RolloutTrainMeshes.create(sh.MeshConfig((-1, 1, 1), "pure_dp", (1, 1, 2), "fsdp_tp"))
+  assert fill.train_mesh.devices.size == 6 and fill.rollout_mesh.devices.size == 2
+  with pytest.raises(ValueError, match=r"need 10 devices but 8 are available"):
+    sh.RolloutTrainMeshes.create(sh.MeshConfig((2, 2, 2), "fsdp", (2, 1, 1)))

@@ -239,12 +239,15 @@ def _env(device_count: int) -> dict:
   return env
 
 
-def test_multidevice_suite(tmp_path):
+@pytest.mark.parametrize("marks, min_tests", [
+    ("not slow", 24), pytest.param("slow", 4, marks=pytest.mark.slow)])
+def test_multidevice_suite(tmp_path, marks, min_tests):
   """Forward / greedy sampler / RL step equal on meshes (8,1,1), (2,4,1), (2,2,2), (1,1,1); shardings;
-  checkpoint restore on another mesh; rollout/train hand-off; errors (see multidevice_suite.py)."""
+  checkpoint restore on another mesh; errors. Slow part: other presets, sharded init, rollout/train
+  hand-off on disjoint meshes (see multidevice_suite.py)."""
   report = tmp_path / "report.xml"
   proc = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks, f"--junitxml={report}",
        f"--basetemp={tmp_path / 'tmp'}", str(HERE / "multidevice_suite.py")],
       cwd=REPO, env=_env(8), capture_output=True, text=True, timeout=900)
   out = proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -253,7 +256,7 @@ def test_multidevice_suite(tmp_path):
   suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
   counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
   assert proc.returncode == 0 and counts["failures"] == counts["errors"] == 0, out
-  assert counts["skipped"] == 0 and counts["tests"] >= 25, (counts, out)
+  assert counts["skipped"] == 0 and counts["tests"] >= min_tests, (counts, out)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ def get_config(arg=None):
   config.data.task = "countdown"
   config.data.difficulty = 2
   config.reward.name = "countdown"
+  config.data.max_prompt_len = 128
   config.rl.max_new_tokens = 32 if arg != "smoke" else 16
   config.rl.dynamic_sampling = True
   return config

@@ -19,13 +19,13 @@ def get_config(arg=None):
   config.data.ops = "+"
   config.reward.name = "arithmetic"
   config.reward.num_workers = 0  # an exact string match: cheaper inline than in worker processes
-  config.sft.steps = 600
-  config.rl.steps = 60
-  config.rl.prompts_per_step = 16
+  config.sft.steps = 350
+  config.rl.steps = 150
+  config.rl.prompts_per_step = 32
   config.rl.num_samples = 8
   config.rl.max_new_tokens = 40
   config.rl.advantage = "grpo"
-  config.rl.learning_rate = 1e-3
+  config.rl.learning_rate = 1e-4
   if arg == "smoke":
     apply_smoke(config)
   return config

@@ -99,7 +99,7 @@ def dense(x: jax.Array, w: Any) -> jax.Array:
   """`x[..., K] @ w[K, N]` for a plain weight or an FP4-quantized one."""
   if hasattr(w, "fmt"):  # a quantized tensor from kernels.fp4
     from kernels import fp4  # pylint: disable=g-import-not-at-top
-    return fp4.matmul(x, w).astype(x.dtype)
+    return fp4.matmul(x, w, implementation=getattr(w, "implementation", "pallas")).astype(x.dtype)
   return jnp.einsum("...k,kn->...n", x, w.astype(x.dtype))
 
 

@@ -99,6 +99,10 @@ class RLConfig:
   max_refills: int = 2
   max_nonfinite_steps: int = 3  # stop after this many consecutive skipped (NaN/inf) updates
   overlong_buffer: int = 0      # DAPO soft overlong punishment buffer (0 = off)
+  # Sol-RL (arXiv 2604.06916): explore with an FP4 copy of the policy, train on a selected subset.
+  fp4_rollouts: str = ""        # "" (off), "nvfp4" or "mxfp4"
+  sol_pool_size: int = 0        # FP4 samples per prompt; num_samples of them are kept (0: keep all)
+  sol_select: str = "contrastive"  # contrastive, deviation or random
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +129,7 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
+  """Device mesh (data, fsdp, tensor) and the logical-axis preset (pure_dp, fsdp, fsdp_tp); see docs/sharding.md."""
   shape: tuple[int, ...] = (1, 1, 1)
   preset: str = "fsdp"
 
@@ -229,6 +234,12 @@ def validate(cfg: ExperimentConfig) -> None:
     raise ValueError(f"rl.loss_kind must be ppo_clip, gspo or cispo, got {cfg.rl.loss_kind!r}.")
   if cfg.data.template not in ("plain", "chat"):
     raise ValueError(f"data.template must be 'plain' or 'chat', got {cfg.data.template!r}.")
+  if cfg.rl.fp4_rollouts not in ("", "nvfp4", "mxfp4"):
+    raise ValueError(f"rl.fp4_rollouts must be '', 'nvfp4' or 'mxfp4', got {cfg.rl.fp4_rollouts!r}.")
+  if cfg.rl.sol_pool_size and cfg.rl.sol_pool_size < cfg.rl.num_samples:
+    raise ValueError(f"rl.sol_pool_size {cfg.rl.sol_pool_size} must be >= rl.num_samples {cfg.rl.num_samples}.")
+  if cfg.rl.sol_select not in ("contrastive", "deviation", "random"):
+    raise ValueError(f"rl.sol_select must be contrastive, deviation or random, got {cfg.rl.sol_select!r}.")
   if cfg.data.task not in ("arithmetic", "countdown"):
     from rollouts_jax.data import benchmarks  # pylint: disable=g-import-not-at-top
     benchmarks.benchmark_file(cfg.data.task, "test", cfg.data.manual_dir or None)  # names the missing file

@@ -249,24 +249,51 @@ def sampling_config(exp: ExperimentConfig, tokenizer) -> sampling.SamplingConfig
 
 
 def _generate(exp, cfg, params, tokenizer, examples, key):
-  """Samples and scores one batch of prompts; returns host arrays and texts."""
+  """Samples and scores one batch of prompts; returns host arrays and texts.
+
+  With `rl.fp4_rollouts`, the batch is Sol-RL's: a pool sampled by an FP4 copy of the policy,
+  scored, and a subset of `num_samples` per prompt kept, its log-probs recomputed in full
+  precision.
+  """
   pb = prompt_batch(exp, examples, tokenizer)
-  t0 = time.perf_counter()
-  out = jax.device_get(sampling.sample(cfg, params, pb.prompt_ids, pb.prompt_mask, key,
-                                       sampling_config(exp, tokenizer)))
-  t_sample = time.perf_counter() - t0
   N = exp.rl.num_samples
-  texts = decode_completions(tokenizer, out.completion_ids, out.completion_mask)
-  refs = [reference_of(ex, exp.data.task) for ex in examples for _ in range(N)]
+  conf = sampling_config(exp, tokenizer)
   t0 = time.perf_counter()
-  r, stats = score(exp, texts, refs)
-  t_score = time.perf_counter() - t0
-  r = r.reshape(len(examples), N)
+  extra: dict[str, float] = {}
+  stats_box: list[dict] = []
+
+  def score_out(out):
+    texts = decode_completions(tokenizer, np.asarray(out.completion_ids), np.asarray(out.completion_mask))
+    refs = [reference_of(ex, exp.data.task) for ex in examples for _ in range(out.completion_ids.shape[1])]
+    r, stats = score(exp, texts, refs)
+    stats_box.append(stats)
+    return r.reshape(len(examples), -1)
+
+  if exp.rl.fp4_rollouts:
+    from rollouts_jax.sampling import sol_rl  # pylint: disable=g-import-not-at-top
+    params_fp4 = models.quantize_params(cfg, params, exp.rl.fp4_rollouts)
+    pool_conf = conf.replace(num_samples=exp.rl.sol_pool_size or N)
+    out, r, pool_stats = sol_rl.two_stage_sample(cfg, params, params_fp4, pb.prompt_ids, pb.prompt_mask, key,
+                                                 pool_conf, N, score_out, mode=exp.rl.sol_select)
+    out = jax.device_get(out)
+    extra = {f"sol/{k}": float(v) for k, v in pool_stats.items()}
+    t_sample = time.perf_counter() - t0
+    t_score = sum(s.get("wall_s", 0.0) for s in stats_box)
+  else:
+    out = jax.device_get(sampling.sample(cfg, params, pb.prompt_ids, pb.prompt_mask, key, conf))
+    t_sample = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    r = score_out(out)
+    t_score = time.perf_counter() - t0
+  texts = decode_completions(tokenizer, out.completion_ids, out.completion_mask)
+  r = np.asarray(r, np.float32)
   if exp.rl.overlong_buffer > 0:
     from rollouts_jax import losses  # pylint: disable=g-import-not-at-top
     r = r + np.asarray(losses.overlong_penalty(jnp.asarray(out.lengths), max_len=exp.rl.max_new_tokens,
                                                cache_len=exp.rl.overlong_buffer))
-  return dict(pb=pb, out=out, texts=texts, rewards=r, stats=stats, t_sample=t_sample, t_score=t_score)
+  stats = {"failures": sum(s.get("failures", 0) for s in stats_box)}
+  return dict(pb=pb, out=out, texts=texts, rewards=r, stats=stats, t_sample=t_sample, t_score=t_score,
+              extra=extra)
 
 
 def _pad_prompts(ids_list, mask_list):
@@ -319,6 +346,8 @@ def collect_rollouts(exp, cfg, params, tokenizer, stream, key) -> tuple[Rollouts
       "time/sample": sum(p["t_sample"] for p in parts), "time/score": sum(p["t_score"] for p in parts),
       "refills": float(len(parts) - 1),
   }
+  for k in parts[0]["extra"]:
+    info[k] = float(np.mean([p["extra"][k] for p in parts]))
   return rollouts, info
 
 
@@ -327,7 +356,41 @@ def collect_rollouts(exp, cfg, params, tokenizer, stream, key) -> tuple[Rollouts
 # ----------------------------------------------------------------------------------------------
 
 def _abstract(tree):
-  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+class _Placement:
+  """Where params, optimizer state and batches live: one device, or a mesh with logical rules."""
+
+  def __init__(self, exp: ExperimentConfig, cfg: models.ModelConfig):
+    from rollouts_jax import sharding  # pylint: disable=g-import-not-at-top
+    self.sharding = sharding
+    shape = tuple(exp.mesh.shape)
+    self.active = int(np.prod([d for d in shape if d > 0])) != 1 or -1 in shape
+    if self.active:
+      self.mesh = sharding.make_mesh(shape)
+      self.rules = sharding.get_rules(exp.mesh.preset)
+      self.param_shardings = sharding.param_shardings(cfg, self.mesh, self.rules)
+      log.info("Mesh: %s", sharding.describe(self.mesh))
+
+  def state(self, state: TrainState) -> TrainState:
+    if not self.active:
+      return state
+    params = self.sharding.shard_params(state.params, self.param_shardings)
+    opt_shardings = self.sharding.tree_shardings_like(state.opt_state, self.param_shardings, state.params)
+    opt_state = jax.tree_util.tree_map(jax.device_put, state.opt_state, opt_shardings)
+    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    return TrainState(step=jax.device_put(state.step, replicated), params=params, opt_state=opt_state)
+
+  def params(self, params):
+    return self.sharding.shard_params(params, self.param_shardings) if self.active else params
+
+  def batch(self, rollouts: Rollouts) -> Rollouts:
+    return self.sharding.shard_batch(rollouts, self.mesh) if self.active else rollouts
+
+  def rules_context(self):
+    import contextlib  # pylint: disable=g-import-not-at-top
+    return self.sharding.use_rules(self.mesh, self.rules) if self.active else contextlib.nullcontext()
 
 
 def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool = True) -> dict[str, Any]:
@@ -343,9 +406,11 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   logger = MetricsLogger(workdir, total_steps=exp.rl.steps if progress else None, desc="rl")
   train_examples, test_examples = load_task(exp)
   cfg, params, tokenizer = load_policy(exp, train_examples, log_fn=logger.log)
+  placement = _Placement(exp, cfg)
+  params = placement.params(params)
   ref_params = params if exp.rl.kl_coef > 0 else None
   tx = rl_optimizer(exp.rl)
-  state = init_train_state(params, tx)
+  state = placement.state(init_train_state(params, tx))
   stream = data_lib.PromptStream(train_examples, batch_size=exp.rl.prompts_per_step, seed=exp.seed,
                                  shard_index=jax.process_index(), num_shards=jax.process_count())
   ckpt = Checkpointer(workdir / "checkpoints", save_every=exp.checkpoint.every, keep=exp.checkpoint.keep)
@@ -365,9 +430,11 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   base_key = jax.random.key(exp.seed)
   for step in range(start, exp.rl.steps):
     t0 = time.perf_counter()
-    rollouts, info = collect_rollouts(exp, cfg, state.params, tokenizer, stream, jax.random.fold_in(base_key, step))
+    with placement.rules_context():
+      rollouts, info = collect_rollouts(exp, cfg, state.params, tokenizer, stream,
+                                        jax.random.fold_in(base_key, step))
     t1 = time.perf_counter()
-    state, m = rl_step(state, rollouts, ref_params, cfg=cfg, rl=exp.rl)
+    state, m = rl_step(state, placement.batch(rollouts), ref_params, cfg=cfg, rl=exp.rl)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     t2 = time.perf_counter()
     info.update(m)

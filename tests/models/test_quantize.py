@@ -194,8 +194,6 @@ def test_dense_runs_the_kernel_for_pallas_weights():
   assert _has_pallas_call(models.dense, jnp.ones((2, CFG.hidden_size)), w)
 
 
-@pytest.mark.xfail(strict=True, reason="models.dense does not pass FP4Weight.implementation to fp4.matmul "
-                                       "yet (see rollouts_jax/models/quantize.py); remove once it does.")
 def test_dense_uses_xla_for_xla_weights():
   q = models.quantize_params(CFG, PARAMS, "nvfp4", implementation="xla")
   w = jax.tree_util.tree_map(lambda x: x[0], q["layers"]["up"])

@@ -1,0 +1,23 @@
+r"""Sol-RL on countdown: explore with an NVFP4 copy of the policy, train on a contrastive subset.
+
+Each step samples a pool of 16 completions per prompt with the FP4-quantized policy
+(linear layers through the FP4 matmul), scores the pool, keeps the 4 best and 4 worst
+(duplicates counted once), recomputes their log-probs in full precision and trains on them
+(FP4 Explore, BF16 Train; arXiv 2604.06916).
+
+  python experiments/train.py --config=configs/countdown_sol_rl.py --workdir=/tmp/rollouts_sol_rl
+"""
+
+import os
+
+from rollouts_jax.training.config import load_config_file
+
+
+def get_config(arg=None):
+  config = load_config_file(os.path.join(os.path.dirname(__file__), "countdown_grpo.py"), arg)
+  config.rl.dynamic_sampling = False
+  config.rl.fp4_rollouts = "nvfp4"
+  config.rl.num_samples = 8 if arg != "smoke" else 4
+  config.rl.sol_pool_size = 16 if arg != "smoke" else 8
+  config.rl.sol_select = "contrastive"
+  return config

@@ -1,0 +1,56 @@
+"""Every config's `smoke` variant runs a warm start (or checkpoint load) and one RL step."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from rollouts_jax import models
+from rollouts_jax.training import config as config_lib
+from rollouts_jax.training import loop
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+          "+ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _tiny_qwen_folder(folder: pathlib.Path, corpus):
+  """A random Qwen2 checkpoint with a byte-level BPE tokenizer trained here (no download)."""
+  from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+  tok = Tokenizer(tok_models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  tok.train_from_iterator(corpus, trainer)
+  folder.mkdir(parents=True)
+  tok.save(str(folder / "tokenizer.json"))
+  (folder / "tokenizer_config.json").write_text(json.dumps(
+      {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML}))
+  cfg = models.ModelConfig(model_type="qwen2", vocab_size=tok.get_vocab_size(), hidden_size=32,
+                           intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2, qkv_bias=True,
+                           tie_word_embeddings=True, eos_token_ids=(tok.token_to_id("<|im_end|>"),))
+  models.save_hf_checkpoint(folder, cfg, models.init_params(cfg, jax.random.key(0)))
+  return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.py")))
+def test_smoke_config_runs_one_step(name, tmp_path, monkeypatch):
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  arg = "smoke"
+  if name == "gsm8k_qwen":
+    from rollouts_jax import data
+    corpus = [ex["question"] for ex in data.load_benchmark("gsm8k", split="test")[:200]]
+    arg = str(_tiny_qwen_folder(tmp_path / "qwen", corpus)) + ",smoke"
+  exp = config_lib.from_config_dict(config_lib.load_config_file(REPO / "configs" / f"{name}.py", arg))
+  summary = loop.train(exp, tmp_path / "run", progress=False)
+  assert summary["final_step"] == exp.rl.steps
+  rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  step_rows = [r for r in rows if "grad_norm" in r]
+  assert len(step_rows) == exp.rl.steps
+  assert np.isfinite(step_rows[0]["grad_norm"]) and step_rows[0]["nonfinite"] == 0.0
+  if exp.rl.fp4_rollouts:
+    assert "sol/out_of_support_frac" in step_rows[0]

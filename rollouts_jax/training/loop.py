@@ -405,7 +405,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(exp), indent=2, default=str))
   logger = MetricsLogger(workdir, total_steps=exp.rl.steps if progress else None, desc="rl")
   train_examples, test_examples = load_task(exp)
-  cfg, params, tokenizer = load_policy(exp, train_examples, log_fn=logger.log)
+  with MetricsLogger(workdir / "sft", total_steps=None, desc="sft") as sft_logger:  # its own step axis
+    cfg, params, tokenizer = load_policy(exp, train_examples, log_fn=sft_logger.log)
   placement = _Placement(exp, cfg)
   params = placement.params(params)
   ref_params = params if exp.rl.kl_coef > 0 else None

@@ -95,6 +95,9 @@ class RLConfig:
   warmup_steps: int = 10
   weight_decay: float = 0.0
   grad_clip: float = 1.0
+  # Adam's epsilon. Policy gradients of tokens the policy almost never emits are tiny and
+  # noisy; a larger epsilon keeps Adam from scaling them up to full-size steps.
+  adam_eps: float = 1e-8
   dynamic_sampling: bool = False
   max_refills: int = 2
   max_nonfinite_steps: int = 3  # stop after this many consecutive skipped (NaN/inf) updates

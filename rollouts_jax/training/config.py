@@ -98,6 +98,7 @@ class RLConfig:
   # Adam's epsilon. Policy gradients of tokens the policy almost never emits are tiny and
   # noisy; a larger epsilon keeps Adam from scaling them up to full-size steps.
   adam_eps: float = 1e-8
+  freeze: str = ""              # comma-separated parameter names kept fixed during RL, e.g. "embed"
   dynamic_sampling: bool = False
   max_refills: int = 2
   max_nonfinite_steps: int = 3  # stop after this many consecutive skipped (NaN/inf) updates

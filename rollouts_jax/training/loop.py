@@ -59,9 +59,11 @@ def load_task(exp: ExperimentConfig) -> tuple[Sequence[dict], Sequence[dict]]:
     kw = dict(seed=d.seed, num_train=d.num_train, num_test=d.num_test, difficulty=d.difficulty)
   else:
     kw = dict(manual_dir=d.manual_dir or None)
-  train = data_lib.load_dataset(d.task, "train", data_dir=data_dir, **kw) if d.task != "math500" else None
   test = data_lib.load_dataset(d.task, "test", data_dir=data_dir, **kw)
-  return (train if train is not None else test), test
+  if d.task in _SYNTHETIC or "train" in data_lib.BENCHMARK_FILES.get(d.task, {}):
+    return data_lib.load_dataset(d.task, "train", data_dir=data_dir, **kw), test
+  log.warning("%s has no train split: training prompts come from its test split (test-time RL).", d.task)
+  return test, test
 
 
 def reference_of(example: dict, task: str) -> Any:

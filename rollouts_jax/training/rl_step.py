@@ -46,21 +46,29 @@ class Rollouts:
 
 
 def make_optimizer(learning_rate: float, total_updates: int, warmup_steps: int = 0,
-                   weight_decay: float = 0.0, grad_clip: float = 0.0, eps: float = 1e-8
-                   ) -> optax.GradientTransformation:
-  """AdamW with linear warmup then cosine decay to 10%, after global-norm clipping."""
+                   weight_decay: float = 0.0, grad_clip: float = 0.0, eps: float = 1e-8,
+                   freeze: tuple[str, ...] = ()) -> optax.GradientTransformation:
+  """AdamW with linear warmup then cosine decay to 10%, after global-norm clipping.
+
+  Parameters whose path contains a name in `freeze` (e.g. "embed") get no update.
+  """
   warmup = max(min(warmup_steps, total_updates - 1), 0)
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0 if warmup else learning_rate, peak_value=learning_rate, warmup_steps=warmup,
       decay_steps=max(total_updates, warmup + 1), end_value=0.1 * learning_rate)
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
   parts.append(optax.adamw(schedule, b1=0.9, b2=0.99, eps=eps, weight_decay=weight_decay))
+  if freeze:
+    frozen = lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: any(getattr(k, "key", None) in freeze for k in path), params)
+    parts.append(optax.masked(optax.set_to_zero(), frozen))
   return optax.chain(*parts)
 
 
 def rl_optimizer(rl: RLConfig) -> optax.GradientTransformation:
   return make_optimizer(rl.learning_rate, rl.steps * rl.ppo_epochs * rl.num_minibatches,
-                        rl.warmup_steps, rl.weight_decay, rl.grad_clip, rl.adam_eps)
+                        rl.warmup_steps, rl.weight_decay, rl.grad_clip, rl.adam_eps,
+                        tuple(n.strip() for n in rl.freeze.split(",") if n.strip()))
 
 
 def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainState:

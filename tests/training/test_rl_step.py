@@ -125,3 +125,12 @@ def test_mc_grpo_pivot_carries_no_gradient():
 def test_unknown_recipe_is_named():
   with pytest.raises(ValueError, match="Unknown advantage recipe 'nope'"):
     rl.advantage_transform(RLConfig(advantage="nope"))
+
+
+def test_frozen_parameters_do_not_move():
+  conf = RLConfig(steps=5, learning_rate=1e-2, warmup_steps=0, freeze="embed")
+  state = _state(conf)
+  before = jax.tree_util.tree_map(np.asarray, state.params)
+  state, _ = rl.rl_step(state, _rollouts(seed=2), None, cfg=CFG, rl=conf)
+  np.testing.assert_array_equal(before["embed"], np.asarray(state.params["embed"]))
+  assert not np.array_equal(before["layers"]["q"], np.asarray(state.params["layers"]["q"]))

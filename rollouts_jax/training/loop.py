@@ -339,6 +339,8 @@ def collect_rollouts(exp, cfg, params, tokenizer, stream, key) -> tuple[Rollouts
   m = comp_mask[keep]
   info = {
       "reward_mean": float(r[keep].mean()), "reward_std": float(r[keep].std()),
+      # Over every sampled group, before dynamic sampling drops any (equal to reward_mean without it).
+      "reward_mean_sampled": float(r.mean()),
       "accuracy": float((r[keep] >= 1.0).mean()),
       "response_length": float(lengths[keep].mean()),
       "entropy": float((ent[keep] * m).sum() / max(m.sum(), 1)),

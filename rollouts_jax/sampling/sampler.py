@@ -168,6 +168,25 @@ def process_logits(logits_RxV: jax.Array, config: SamplingConfig) -> jax.Array:
   return logits
 
 
+def _inverse_cdf_sample(key: jax.Array, probs_RxV: jax.Array) -> jax.Array:
+  """One draw per row from `probs` by inverting its CDF.
+
+  Needs one uniform number per row where Gumbel-max needs one per vocabulary entry; on a
+  CPU the random bits were a quarter of the decode time. The uniform is scaled by the
+  row's total mass, so a zero-probability token (filtered out, or trailing the last
+  positive one) is never chosen.
+  """
+  cdf_RxV = jnp.cumsum(probs_RxV, axis=-1)
+  u_Rx1 = jax.random.uniform(key, (probs_RxV.shape[0], 1), jnp.float32) * cdf_RxV[:, -1:]
+  # The first index whose CDF exceeds u. A token with p_i = 0 has cdf_i = cdf_{i-1}, so the
+  # index before it is taken first; u rounding up to the total is clamped to the last
+  # positive-probability token.
+  token = jnp.sum(cdf_RxV <= u_Rx1, axis=-1)
+  V = probs_RxV.shape[-1]
+  last_positive = V - 1 - jnp.argmax((probs_RxV > 0)[:, ::-1], axis=-1)
+  return jnp.minimum(token, last_positive).astype(jnp.int32)
+
+
 def _choose(logits_RxV: jax.Array, key: jax.Array, config: SamplingConfig):
   """Samples one token per row; returns (token, sampling logprob, policy logprob, entropy)."""
   policy_logp = jax.nn.log_softmax(logits_RxV.astype(jnp.float32), axis=-1)
@@ -177,8 +196,9 @@ def _choose(logits_RxV: jax.Array, key: jax.Array, config: SamplingConfig):
     sample_lp = jnp.zeros(token.shape, jnp.float32)
   else:
     processed = process_logits(logits_RxV, config)
-    token = jax.random.categorical(key, processed, axis=-1).astype(jnp.int32)
-    sample_lp = jnp.take_along_axis(jax.nn.log_softmax(processed, axis=-1), token[:, None], axis=-1)[:, 0]
+    sample_logp = jax.nn.log_softmax(processed, axis=-1)
+    token = _inverse_cdf_sample(key, jnp.exp(sample_logp))
+    sample_lp = jnp.take_along_axis(sample_logp, token[:, None], axis=-1)[:, 0]
   policy_lp = jnp.take_along_axis(policy_logp, token[:, None], axis=-1)[:, 0]
   return token, sample_lp, policy_lp, entropy
 

@@ -206,3 +206,10 @@ def test_clear_errors():
   bad[0] = False
   with pytest.raises(ValueError, match="at least one real token"):
     sampling.sample(CFG, PARAMS, ids, bad, jax.random.key(0), sampling.SamplingConfig(max_new_tokens=2))
+
+
+def test_inverse_cdf_never_picks_zero_probability_tokens():
+  probs = jnp.array([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4 + [[0.0, 0.0, 1.0, 0.0, 0.0]] * 4)
+  for seed in range(20):
+    tok = np.asarray(sampler_lib._inverse_cdf_sample(jax.random.key(seed), probs))
+    assert np.all(np.asarray(probs)[np.arange(8), tok] > 0)

@@ -267,6 +267,41 @@ def test_rl_step_matches_single_device_and_donates(shape):
   assert step._cache_size() == before  # same shardings in and out: no recompile
 
 
+@functools.cache
+def library_rollouts():
+  """A grouped rollout batch for training.rl_step: 8 prompts x 2 samples."""
+  from rollouts_jax.training.rl_step import Rollouts
+  rng = np.random.default_rng(3)
+  Bp, N, P, T = 8, 2, 5, 4
+  pmask = np.arange(P)[None] >= rng.integers(0, P, size=Bp)[:, None]
+  return Rollouts(
+      prompt_ids=jnp.asarray(np.where(pmask, rng.integers(1, 128, (Bp, P)), 0), jnp.int32),
+      prompt_mask=jnp.asarray(pmask), completion_ids=jnp.asarray(rng.integers(1, 128, (Bp, N, T)), jnp.int32),
+      completion_mask=jnp.asarray(np.arange(T)[None, None] < rng.integers(1, T + 1, (Bp, N))[..., None]),
+      rollout_logprobs=jnp.zeros((Bp, N, T)), rewards=jnp.asarray(rng.integers(0, 2, (Bp, N)), jnp.float32),
+      group_mask=jnp.ones((Bp, N), bool), cluster_ids=jnp.zeros((Bp, N), jnp.int32))
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (8, 1, 1)])
+def test_library_rl_step_on_a_mesh_matches_single_device(shape):
+  """The training loop's own jitted step (advantages, micro-batches, Adam) on sharded state."""
+  from rollouts_jax.training import rl_step as rl
+  from rollouts_jax.training.config import RLConfig
+  conf = RLConfig(steps=3, learning_rate=1e-3, warmup_steps=0, micro_batch_size=8, adam_eps=1e-6)
+  tx = rl.rl_optimizer(conf)
+  ref_state, ref_m = rl.rl_step(rl.init_train_state(ref_params(), tx), library_rollouts(), None, cfg=CFG, rl=conf)
+  mesh, rules = mesh_of(shape), sh.get_rules("fsdp_tp")
+  ps = sh.param_shardings(CFG, mesh, rules)
+  state = rl.init_train_state(ref_params(), tx)
+  params = sh.shard_params(state.params, ps)
+  opt_state = jax.tree.map(jax.device_put, state.opt_state, sh.tree_shardings_like(state.opt_state, ps, state.params))
+  state = rl.TrainState(step=state.step, params=params, opt_state=opt_state)
+  new, m = rl.rl_step(state, sh.shard_batch(library_rollouts(), mesh), None, cfg=CFG, rl=conf)
+  assert abs(float(m["loss"]) - float(ref_m["loss"])) <= TOL
+  assert max_diff(new.params, ref_state.params) <= TOL
+  assert new.params["layers"]["q"].sharding.is_equivalent_to(ps["layers"]["q"], 3)
+
+
 # ------------------------------------------------------------------ checkpoints and roles
 
 

@@ -136,6 +136,10 @@ class MeshConfig:
   """Device mesh (data, fsdp, tensor) and the logical-axis preset (pure_dp, fsdp, fsdp_tp); see docs/sharding.md."""
   shape: tuple[int, ...] = (1, 1, 1)
   preset: str = "fsdp"
+  # A separate rollout mesh on other devices (Tunix-style roles; () = roll out on the training
+  # mesh); weights are handed off to it before each generation.
+  rollout_shape: tuple[int, ...] = ()
+  rollout_preset: str = ""      # "" = preset
 
 
 @dataclasses.dataclass(frozen=True)

@@ -364,18 +364,25 @@ def _abstract(tree):
 
 
 class _Placement:
-  """Where params, optimizer state and batches live: one device, or a mesh with logical rules."""
+  """Where params, optimizer state and batches live: one device, or meshes with logical rules.
+
+  With `mesh.rollout_shape`, training and rollouts run on disjoint device blocks and the
+  policy is handed off (resharded) to the rollout mesh before each generation.
+  """
 
   def __init__(self, exp: ExperimentConfig, cfg: models.ModelConfig):
     from rollouts_jax import sharding  # pylint: disable=g-import-not-at-top
-    self.sharding = sharding
+    self.sharding, self.cfg = sharding, cfg
     shape = tuple(exp.mesh.shape)
-    self.active = int(np.prod([d for d in shape if d > 0])) != 1 or -1 in shape
+    self.active = int(np.prod(shape)) != 1 or bool(exp.mesh.rollout_shape)
     if self.active:
-      self.mesh = sharding.make_mesh(shape)
-      self.rules = sharding.get_rules(exp.mesh.preset)
-      self.param_shardings = sharding.param_shardings(cfg, self.mesh, self.rules)
-      log.info("Mesh: %s", sharding.describe(self.mesh))
+      self.roles = sharding.RolloutTrainMeshes.create(sharding.MeshConfig(
+          shape, exp.mesh.preset, tuple(exp.mesh.rollout_shape) or None, exp.mesh.rollout_preset or None))
+      self.mesh = self.roles.train_mesh
+      self.param_shardings = self.roles.train_shardings(cfg)
+      log.info("Training mesh: %s", sharding.describe(self.mesh))
+      if self.roles.separate:
+        log.info("Rollout mesh: %s", sharding.describe(self.roles.rollout_mesh))
 
   def state(self, state: TrainState) -> TrainState:
     if not self.active:
@@ -389,12 +396,16 @@ class _Placement:
   def params(self, params):
     return self.sharding.shard_params(params, self.param_shardings) if self.active else params
 
+  def rollout_params(self, params):
+    """The policy as the sampler sees it (a copy on the rollout mesh when roles are separate)."""
+    return self.roles.to_rollout(self.cfg, params) if self.active and self.roles.separate else params
+
   def batch(self, rollouts: Rollouts) -> Rollouts:
     return self.sharding.shard_batch(rollouts, self.mesh) if self.active else rollouts
 
-  def rules_context(self):
+  def rollout_context(self):
     import contextlib  # pylint: disable=g-import-not-at-top
-    return self.sharding.use_rules(self.mesh, self.rules) if self.active else contextlib.nullcontext()
+    return self.roles.rollout_context() if self.active else contextlib.nullcontext()
 
 
 def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool = True) -> dict[str, Any]:
@@ -435,8 +446,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   base_key = jax.random.key(exp.seed)
   for step in range(start, exp.rl.steps):
     t0 = time.perf_counter()
-    with placement.rules_context():
-      rollouts, info = collect_rollouts(exp, cfg, state.params, tokenizer, stream,
+    with placement.rollout_context():
+      rollouts, info = collect_rollouts(exp, cfg, placement.rollout_params(state.params), tokenizer, stream,
                                         jax.random.fold_in(base_key, step))
     t1 = time.perf_counter()
     state, m = rl_step(state, placement.batch(rollouts), ref_params, cfg=cfg, rl=exp.rl)

@@ -302,6 +302,31 @@ def test_library_rl_step_on_a_mesh_matches_single_device(shape):
   assert new.params["layers"]["q"].sharding.is_equivalent_to(ps["layers"]["q"], 3)
 
 
+def test_training_loop_with_separate_rollout_mesh(tmp_path, monkeypatch):
+  """The loop trains on devices 0-3 and samples on devices 4-7 after a hand-off."""
+  import dataclasses
+  import pathlib
+  from rollouts_jax.training import config as config_lib, loop
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  cd = config_lib.load_config_file(repo / "configs" / "default.py", "smoke")
+  cd.mesh.shape, cd.mesh.rollout_shape, cd.mesh.rollout_preset = (1, 4, 1), (2, 1, 2), "fsdp_tp"
+  cd.rl.steps = 2
+  exp = config_lib.from_config_dict(cd)
+  train_examples, _ = loop.load_task(exp)
+  cfg, params, _ = loop.load_policy(exp, train_examples)
+  placement = loop._Placement(exp, cfg)
+  trained = placement.params(params)
+  handed = placement.rollout_params(trained)
+  train_devices = {d.id for x in jax.tree.leaves(trained) for d in x.sharding.device_set}
+  rollout_devices = {d.id for x in jax.tree.leaves(handed) for d in x.sharding.device_set}
+  assert train_devices == {0, 1, 2, 3} and rollout_devices == {4, 5, 6, 7}
+  assert max_diff(handed, params) == 0.0
+  summary = loop.train(exp, tmp_path / "run", progress=False)
+  final_devices = {d.id for x in jax.tree.leaves(summary["params"]) for d in x.sharding.device_set}
+  assert final_devices == {0, 1, 2, 3} and summary["final_step"] == 2
+
+
 # ------------------------------------------------------------------ checkpoints and roles
 
 

@@ -263,12 +263,14 @@ def _generate(exp, cfg, params, tokenizer, examples, key):
   t0 = time.perf_counter()
   extra: dict[str, float] = {}
   stats_box: list[dict] = []
+  scored_texts: list[str] = []
 
   def score_out(out):
     texts = decode_completions(tokenizer, np.asarray(out.completion_ids), np.asarray(out.completion_mask))
     refs = [reference_of(ex, exp.data.task) for ex in examples for _ in range(out.completion_ids.shape[1])]
     r, stats = score(exp, texts, refs)
     stats_box.append(stats)
+    scored_texts[:] = texts
     return r.reshape(len(examples), -1)
 
   if exp.rl.fp4_rollouts:
@@ -281,13 +283,14 @@ def _generate(exp, cfg, params, tokenizer, examples, key):
     extra = {f"sol/{k}": float(v) for k, v in pool_stats.items()}
     t_sample = time.perf_counter() - t0
     t_score = sum(s.get("wall_s", 0.0) for s in stats_box)
+    texts = decode_completions(tokenizer, out.completion_ids, out.completion_mask)  # the kept subset
   else:
     out = jax.device_get(sampling.sample(cfg, params, pb.prompt_ids, pb.prompt_mask, key, conf))
     t_sample = time.perf_counter() - t0
     t0 = time.perf_counter()
     r = score_out(out)
     t_score = time.perf_counter() - t0
-  texts = decode_completions(tokenizer, out.completion_ids, out.completion_mask)
+    texts = list(scored_texts)  # already decoded for scoring
   r = np.asarray(r, np.float32)
   if exp.rl.overlong_buffer > 0:
     from rollouts_jax import losses  # pylint: disable=g-import-not-at-top

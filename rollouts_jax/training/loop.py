@@ -332,6 +332,13 @@ def collect_rollouts(exp, cfg, params, tokenizer, stream, key) -> tuple[Rollouts
     group_mask = np.repeat(informative[keep][:, None], N, axis=1)
   keep = keep[:B]
   group_mask = group_mask[:B]
+  # The update runs on completions cut to the longest one kept (rounded up to a multiple of 8,
+  # so few shapes compile): positions past every row's end carry no loss and cost a third of
+  # the update when answers are short.
+  T = comp_ids.shape[-1]
+  T_used = min(T, max(8, -(-int(lengths[keep].max(initial=0)) // 8) * 8))
+  comp_ids, comp_mask, lp = comp_ids[..., :T_used], comp_mask[..., :T_used], lp[..., :T_used]
+  ent = ent[..., :T_used]
   answers = answers_of([texts[i * N + j] for i in keep for j in range(N)], exp.data.task)
   cluster_ids = np.asarray(advantages_lib.cluster_by_answer([answers[i * N:(i + 1) * N] for i in range(B)]),
                            np.int32).reshape(B, N) if exp.rl.advantage.startswith("uniqueness") else np.zeros((B, N), np.int32)

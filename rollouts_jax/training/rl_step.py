@@ -151,6 +151,9 @@ def rl_step(state: TrainState, rollouts: Rollouts, ref_params: Params | None, *,
   tx = rl_optimizer(rl)
   B, N, T = rollouts.completion_ids.shape
   R = B * N
+  # The constant divisor of "seq-mean-token-sum-norm" is the generation budget, not the
+  # (possibly trimmed) width of this batch.
+  max_len = max(T, rl.max_new_tokens)
   adv_BxN, sample_mask_BxN = advantages_lib.apply(
       advantage_transform(rl), rollouts.rewards, mask=rollouts.group_mask,
       cluster_ids=rollouts.cluster_ids)
@@ -178,15 +181,15 @@ def rl_step(state: TrainState, rollouts: Rollouts, ref_params: Params | None, *,
     old = jax.lax.stop_gradient(lp) if mb.get("old") is None else mb["old"]
     pg, m = losses.policy_loss(
         lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low, clip_high=rl.clip_high,
-        agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=T,
+        agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=max_len,
         rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None)
     total = pg
     m = dict(m, pg_loss=pg)
     if rl.kl_coef > 0:
-      kl = losses.kl_penalty(lp, mb["ref"], kind=rl.kl_kind, mask=mb["mask"], agg=rl.agg, max_len=T)
+      kl = losses.kl_penalty(lp, mb["ref"], kind=rl.kl_kind, mask=mb["mask"], agg=rl.agg, max_len=max_len)
       total = total + rl.kl_coef * kl
       m["kl"] = kl
-    ent_mean = losses.aggregate(ent, mb["mask"], rl.agg, max_len=T)
+    ent_mean = losses.aggregate(ent, mb["mask"], rl.agg, max_len=max_len)
     if rl.entropy_coef > 0:
       total = total - rl.entropy_coef * ent_mean
     m["policy_entropy"] = ent_mean

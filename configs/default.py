@@ -19,13 +19,18 @@ def get_config(arg=None):
   config.data.ops = "+"
   config.reward.name = "arithmetic"
   config.reward.num_workers = 0  # an exact string match: cheaper inline than in worker processes
-  config.sft.steps = 350
+  # A deliberately partial warm start (held-out pass@1 ~0.33 at temperature 1, greedy ~0.66):
+  # RL has room to act, and 300 SFT steps are where this model starts carrying digits.
+  config.sft.steps = 300
   config.rl.steps = 350
   config.rl.prompts_per_step = 32
   config.rl.num_samples = 8
   config.rl.max_new_tokens = 40
   config.rl.advantage = "grpo"
-  config.rl.learning_rate = 1e-4
+  # Above ~2e-4 this small, sharp policy dips or collapses (each Adam step moves every weight,
+  # and the per-token KL of a step grows ~quadratically with it); 1.5e-4 learns steadily.
+  config.rl.learning_rate = 1.5e-4
+  config.eval.num_examples = 500  # the whole test split: +-2 points of noise instead of +-3
   if arg == "smoke":
     apply_smoke(config)
   return config

@@ -57,6 +57,23 @@ def test_micro_batching_is_exact(agg):
   assert int(s_full.step) == 1
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_trimming_padding_columns_leaves_the_update_unchanged(agg):
+  # The loop cuts completions to the longest one kept; the update must not notice, including
+  # Dr. GRPO's constant divisor, which is the generation budget and not the batch width.
+  base = RLConfig(steps=5, learning_rate=1e-2, warmup_steps=0, agg=agg, max_new_tokens=10)
+  r = _rollouts(T=6)
+  wide = r.replace(**{f: jnp.pad(getattr(r, f), ((0, 0), (0, 0), (0, 4)))
+                      for f in ("completion_ids", "completion_mask", "rollout_logprobs")})
+  s_wide, m_wide = rl.rl_step(_state(base), wide, None, cfg=CFG, rl=base)
+  s_trim, m_trim = rl.rl_step(_state(base), r, None, cfg=CFG, rl=base)
+  mu = lambda s: optax.tree_utils.tree_get(s.opt_state, "mu")
+  scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(mu(s_wide)))
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=1e-4),
+                         mu(s_wide), mu(s_trim))
+  np.testing.assert_allclose(m_wide["loss"], m_trim["loss"], rtol=1e-5, atol=1e-7)
+
+
 def test_update_raises_logprob_of_rewarded_samples():
   conf = RLConfig(steps=20, learning_rate=3e-3, warmup_steps=0, clip_low=0.2, clip_high=0.2)
   r = _rollouts(seed=1)

@@ -19,8 +19,9 @@ def get_config(arg=None):
   config.data.ops = "+"
   config.reward.name = "arithmetic"
   config.reward.num_workers = 0  # an exact string match: cheaper inline than in worker processes
-  # A deliberately partial warm start (held-out pass@1 ~0.33 at temperature 1, greedy ~0.66):
-  # RL has room to act, and 300 SFT steps are where this model starts carrying digits.
+  # A deliberately partial warm start: 300 SFT steps are where this model learns to carry, so
+  # held-out pass@1 at temperature 1 lands between about 0.27 and 0.54 (seed, numerics) and
+  # RL has room to act.
   config.sft.steps = 300
   config.rl.steps = 350
   config.rl.prompts_per_step = 32

@@ -333,8 +333,7 @@ def collect_rollouts(exp, cfg, params, tokenizer, stream, key) -> tuple[Rollouts
   keep = keep[:B]
   group_mask = group_mask[:B]
   # The update runs on completions cut to the longest one kept (rounded up to a multiple of 8,
-  # so few shapes compile): positions past every row's end carry no loss and cost a third of
-  # the update when answers are short.
+  # so few shapes compile): positions past every row's end carry no loss, only compute.
   T = comp_ids.shape[-1]
   T_used = min(T, max(8, -(-int(lengths[keep].max(initial=0)) // 8) * 8))
   comp_ids, comp_mask, lp = comp_ids[..., :T_used], comp_mask[..., :T_used], lp[..., :T_used]

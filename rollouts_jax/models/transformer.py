@@ -173,16 +173,15 @@ def _activation_dtype(params: Params):
 def unembed(cfg: ModelConfig, params: Params, x_BxTxD: jax.Array) -> jax.Array:
   """Final norm and output head: hidden states -> float32 logits."""
   h = rms_norm(x_BxTxD, params["final_norm"], cfg.rms_norm_eps)
-  lead, D = h.shape[:-1], h.shape[-1]
-  h2 = h.reshape(-1, D)  # 2-D for the same reason as in `dense`
+  h2 = h.reshape(-1, h.shape[-1])  # 2-D for the same reason as in `dense`
+  head = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
   if cfg.tie_word_embeddings:
-    logits = jnp.einsum("md,vd->mv", h2, params["embed"].astype(h.dtype), preferred_element_type=jnp.float32)
+    logits = jnp.einsum("md,vd->mv", h2, head.astype(h.dtype), preferred_element_type=jnp.float32)
+  elif hasattr(head, "fmt"):
+    logits = dense(h2.astype(jnp.float32), head)
   else:
-    head = params["lm_head"]
-    if hasattr(head, "fmt"):
-      return dense(h.astype(jnp.float32), head)
     logits = jnp.einsum("md,dv->mv", h2, head.astype(h.dtype), preferred_element_type=jnp.float32)
-  return logits.reshape(lead + (logits.shape[-1],))
+  return logits.reshape(h.shape[:-1] + (logits.shape[-1],))
 
 
 def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:

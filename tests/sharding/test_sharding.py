@@ -183,7 +183,7 @@ class _Recorder:
 def test_initialize_distributed_reads_args_and_env(monkeypatch):
   rec = _Recorder()
   monkeypatch.setattr(jax.distributed, "initialize", rec)
-  monkeypatch.setattr(sh, "_distributed_is_initialized", lambda: False)
+  monkeypatch.setattr(sh.distributed, "_distributed_is_initialized", lambda: False)
   assert sh.initialize_distributed(environ={}) is False and not rec.calls  # one process: no-op
   assert sh.initialize_distributed(environ={"JAX_NUM_PROCESSES": "1"}) is False and not rec.calls
   env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4", "ROLLOUTS_JAX_PROCESS_ID": "3"}
@@ -209,7 +209,7 @@ def test_initialize_distributed_reads_args_and_env(monkeypatch):
 def test_initialize_distributed_noop_when_already_initialized(monkeypatch):
   rec = _Recorder()
   monkeypatch.setattr(jax.distributed, "initialize", rec)
-  monkeypatch.setattr(sh, "_distributed_is_initialized", lambda: True)
+  monkeypatch.setattr(sh.distributed, "_distributed_is_initialized", lambda: True)
   assert sh.initialize_distributed("h:1", 2, 0) is False and not rec.calls
 
 

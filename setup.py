@@ -5,7 +5,7 @@ setup(
     name="rollouts_jax",
     version="0.1.0",
     description="JAX-native rollout-centric reinforcement learning for language models.",
-    packages=find_packages(include=["rollouts_jax", "rollouts_jax.*", "kernels", "kernels.*"]),
+    packages=find_packages(include=["rollouts_jax", "rollouts_jax.*"]),
     python_requires=">=3.10",
     install_requires=[
         "numpy>=1.26",

@@ -24,7 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from kernels import fp4
+from rollouts_jax.kernels import fp4
 
 
 def bytes_per_parameter(k: int, n: int, seed: int = 0) -> dict[str, float]:

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import fp4
+from rollouts_jax.kernels import fp4
 from rollouts_jax import data, models, sampling
 from rollouts_jax.models import quantize as quantize_lib
 from rollouts_jax.training import sft

@@ -28,7 +28,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from kernels import fp4
+from rollouts_jax.kernels import fp4
 from rollouts_jax.models.config import ModelConfig
 from rollouts_jax.models.transformer import Params, param_shapes
 

@@ -97,8 +97,8 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
 
 def dense(x: jax.Array, w: Any) -> jax.Array:
   """`x[..., K] @ w[K, N]` for a plain weight or an FP4-quantized one."""
-  if hasattr(w, "fmt"):  # a quantized tensor from kernels.fp4
-    from kernels import fp4  # pylint: disable=g-import-not-at-top
+  if hasattr(w, "fmt"):  # a quantized tensor from rollouts_jax.kernels.fp4
+    from rollouts_jax.kernels import fp4  # pylint: disable=g-import-not-at-top
     return fp4.matmul(x, w, implementation=getattr(w, "implementation", "pallas")).astype(x.dtype)
   # As a 2-D matmul: the weight gradient is then one [K, M] x [M, N] product. Left as a
   # [..., K] contraction, XLA:CPU computes it with several contracting dimensions on a slow

@@ -12,7 +12,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from kernels import fp4  # noqa: E402
+from rollouts_jax.kernels import fp4  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from kernels.fp4 import pallas as fp4_pallas  # noqa: E402
-from kernels.fp4 import reference as ref  # noqa: E402
+from rollouts_jax.kernels.fp4 import pallas as fp4_pallas  # noqa: E402
+from rollouts_jax.kernels.fp4 import reference as ref  # noqa: E402
 
 ON_CPU = jax.default_backend() == "cpu"
 

@@ -9,8 +9,8 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from kernels.fp4 import pallas as fp4_pallas  # noqa: E402
-from kernels.fp4 import reference as ref  # noqa: E402
+from rollouts_jax.kernels.fp4 import pallas as fp4_pallas  # noqa: E402
+from rollouts_jax.kernels.fp4 import reference as ref  # noqa: E402
 
 MAGS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 

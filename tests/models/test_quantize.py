@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import fp4
+from rollouts_jax.kernels import fp4
 from rollouts_jax import models, sampling
 from rollouts_jax.models import quantize as qlib
 from rollouts_jax.sampling import sampler as sampler_lib

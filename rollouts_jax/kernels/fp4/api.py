@@ -1,6 +1,6 @@
 """FP4 weights: quantize once, then ``matmul`` by the reference XLA path or the Pallas kernel.
 
->>> from kernels import fp4
+>>> from rollouts_jax.kernels import fp4
 >>> w = jnp.ones((64, 32))
 >>> q = fp4.quantize(w, fmt="nvfp4")                  # or "mxfp4"
 >>> y = fp4.matmul(jnp.ones((2, 64)), q, implementation="pallas")  # interpret on CPU
@@ -16,9 +16,9 @@ from typing import Any
 
 import jax
 
-from kernels.fp4 import pallas as _pallas
-from kernels.fp4 import reference as _reference
-from kernels.fp4.reference import FORMATS, FP4Tensor
+from rollouts_jax.kernels.fp4 import pallas as _pallas
+from rollouts_jax.kernels.fp4 import reference as _reference
+from rollouts_jax.kernels.fp4.reference import FORMATS, FP4Tensor
 
 IMPLEMENTATIONS = ("pallas", "xla")
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.fp4 import reference
+from rollouts_jax.kernels.fp4 import reference
 
 _E4M3_SUBNORMAL_UNIT = 2.0 ** -9
 

@@ -14,7 +14,6 @@ setup(
         "flax>=0.10.0",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11.0",
-        "chex>=0.1.88",
         "ml-collections>=1.0.0",
         "absl-py>=2.1.0",
         "tensorflow-datasets>=4.9.7",
@@ -25,11 +24,13 @@ setup(
         "math-verify>=0.7.0",
         "tqdm>=4.66",
         "matplotlib>=3.8",
+        "tensorboardX>=2.6",
     ],
     extras_require={
         "test": [
             "pytest>=8.0",
             "hypothesis>=6.100",
+            "tensorboard>=2.16",
             "torch>=2.4",
             "transformers>=4.51",
             "nbclient>=0.10",

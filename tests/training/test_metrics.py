@@ -1,120 +1,51 @@
-"""Metrics: CRC32C, TFRecord/Event encoding, the JSON-lines logger, resume truncation, plots."""
+"""Metrics: the JSON-lines logger, TensorBoard events read back with TensorBoard's own reader,
+resume truncation (purge_step), and plots."""
 
-import doctest
 import json
 import math
-import struct
-import zlib
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from PIL import Image
 
-from rollouts_jax.training import metrics
+from rollouts_jax.training import metrics, plots
+
+event_accumulator = pytest.importorskip(
+    "tensorboard.backend.event_processing.event_accumulator",
+    reason="tensorboard is a test extra: pip install -e '.[test]'")
 
 
-def test_doctests():
-  result = doctest.testmod(metrics, raise_on_error=False, verbose=False)
-  assert result.attempted >= 8 and result.failed == 0
+def tb_scalars(tb_dir):
+  """{tag: [(step, value)]} as TensorBoard shows them: every event file of the run, in order,
+  with TensorBoard's purging of orphaned steps (restarts) applied."""
+  acc = event_accumulator.EventAccumulator(str(tb_dir), size_guidance={event_accumulator.SCALARS: 0})
+  acc.Reload()
+  return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def test_crc32c_check_values():
-  # The standard check value of CRC-32C, and RFC 3720 (iSCSI) B.4 vectors.
-  assert metrics.crc32c(b"123456789") == 0xE3069283
-  assert metrics._crc32c_python(b"123456789") == 0xE3069283
-  assert metrics._crc32c_python(bytes(32)) == 0x8A9136AA
-  assert metrics._crc32c_python(b"\xff" * 32) == 0x62A8AB43
-  assert metrics._crc32c_python(bytes(range(32))) == 0x46DD794E
-  assert metrics._crc32c_python(b"") == 0
-  # It is not zlib's CRC-32 (a different polynomial).
-  assert metrics._crc32c_python(b"123456789") != zlib.crc32(b"123456789")
+def test_scalars_round_trip_through_tensorboard(tmp_path):
+  with metrics.MetricsLogger(tmp_path) as log:
+    log.log(0, {"loss": 1.25, "acc": np.float32(0.5), "phase": "rl", "none": None})
+    log.log(10, {"kl": jnp.asarray(0.125), "nan": float("nan"), "inf": -math.inf, "flag": np.bool_(True)})
+    log.log(2**40, {"big_step": np.int64(3), "eval/gsm8k/pass@1": 0.75})
+  got = tb_scalars(tmp_path / "tb")
+  assert set(got) == {"loss", "acc", "kl", "nan", "inf", "flag", "big_step", "eval/gsm8k/pass@1"}  # tags kept
+  assert got["loss"] == [(0, 1.25)] and got["acc"] == [(0, 0.5)] and got["kl"] == [(10, 0.125)]
+  assert got["nan"][0][0] == 10 and math.isnan(got["nan"][0][1]) and got["inf"] == [(10, -math.inf)]
+  assert got["flag"] == [(10, 1.0)]
+  assert got["big_step"] == [(2**40, 3.0)] and got["eval/gsm8k/pass@1"] == [(2**40, 0.75)]
 
 
-def test_masked_crc_is_rotate_plus_constant():
-  crc = metrics.crc32c(b"abc")
-  rotated = ((crc >> 15) | (crc << 17)) & 0xFFFFFFFF
-  assert metrics.masked_crc32c(b"abc") == (rotated + 0xA282EAD8) % 2**32
-
-
-def test_varint_matches_protobuf_rules():
-  assert metrics._varint(1) == b"\x01"
-  assert metrics._varint(300) == b"\xac\x02"
-  assert metrics._varint(-1) == b"\xff" * 9 + b"\x01"   # int64 -1 takes ten bytes
-  for v in (0, 1, 127, 128, 2**40 + 7):
-    assert metrics._read_varint(metrics._varint(v), 0) == (v, len(metrics._varint(v)))
-
-
-def test_event_bytes_by_hand():
-  # Event{wall_time=1.5, step=7, summary{value{tag="a", simple_value=2.0}}}, encoded by hand.
-  want = (b"\x09" + struct.pack("<d", 1.5) + b"\x10\x07"
-          + b"\x2a\x0a" + b"\x0a\x08" + b"\x0a\x01a" + b"\x15" + struct.pack("<f", 2.0))
-  assert metrics._encode_event(1.5, step=7, scalars=[("a", 2.0)]) == want
-  assert metrics._decode_event(want) == {"wall_time": 1.5, "step": 7, "file_version": None,
-                                         "scalars": [("a", 2.0)]}
-
-
-def test_event_file_round_trip(tmp_path):
-  with metrics.EventFileWriter(tmp_path) as w:
-    w.scalars(0, {"loss": 1.25, "acc": np.float32(0.5)})
-    w.scalars(10, {"kl": jnp.asarray(0.125), "nan": float("nan"), "inf": -math.inf})
-    w.scalars(2**40, {"big_step": 3})
-  assert w.path.name.startswith("events.out.tfevents.") and w.path.parent == tmp_path
-  events = metrics.read_events(w.path)
-  assert events[:3] == [(0, "loss", 1.25), (0, "acc", 0.5), (10, "kl", 0.125)]
-  assert events[3][:2] == (10, "nan") and math.isnan(events[3][2])
-  assert events[4] == (10, "inf", -math.inf)
-  assert events[5] == (2**40, "big_step", 3.0)
-  # The first record carries the file version; its framing is length | crc | payload | crc.
-  data = w.path.read_bytes()
-  (length,) = struct.unpack("<Q", data[:8])
-  first = metrics._decode_event(data[12:12 + length])
-  assert first["file_version"] == "brain.Event:2"
-  assert struct.unpack("<I", data[8:12])[0] == metrics.masked_crc32c(data[:8])
-  assert struct.unpack("<I", data[12 + length:16 + length])[0] == metrics.masked_crc32c(data[12:12 + length])
-
-
-def test_two_writers_never_share_a_file(tmp_path):
-  a, b = metrics.EventFileWriter(tmp_path), metrics.EventFileWriter(tmp_path)
-  a.scalars(1, {"x": 1.0})
-  b.scalars(1, {"x": 2.0})
+def test_two_loggers_never_share_a_file(tmp_path):
+  a, b = metrics.MetricsLogger(tmp_path / "a"), metrics.MetricsLogger(tmp_path / "a")
+  a.log(1, {"x": 1.0})
+  b.log(2, {"y": 2.0})
   a.close()
   b.close()
-  assert a.path != b.path
-  assert metrics.read_events(a.path) == [(1, "x", 1.0)]
-  assert metrics.read_events(b.path) == [(1, "x", 2.0)]
-
-
-@pytest.mark.parametrize("where", ["length", "payload", "payload_crc"])
-def test_corruption_is_detected(tmp_path, where):
-  with metrics.EventFileWriter(tmp_path) as w:
-    w.scalars(5, {"reward_mean": 0.75})
-  data = bytearray(w.path.read_bytes())
-  (first_len,) = struct.unpack("<Q", data[:8])
-  start = 16 + first_len                       # the second record
-  (length,) = struct.unpack("<Q", data[start:start + 8])
-  offset = {"length": start + 1, "payload": start + 12 + length // 2,
-            "payload_crc": start + 12 + length}[where]
-  data[offset] ^= 0x01
-  w.path.write_bytes(bytes(data))
-  with pytest.raises(ValueError, match="CRC mismatch"):
-    metrics.read_events(w.path)
-
-
-def test_truncated_file_is_detected(tmp_path):
-  with metrics.EventFileWriter(tmp_path) as w:
-    w.scalars(5, {"reward_mean": 0.75})
-  w.path.write_bytes(w.path.read_bytes()[:-3])
-  with pytest.raises(ValueError, match="truncated"):
-    metrics.read_events(w.path)
-
-
-def test_scalars_rejects_non_numbers(tmp_path):
-  with metrics.EventFileWriter(tmp_path) as w:
-    with pytest.raises(ValueError, match="'s'.*real number"):
-      w.scalars(1, {"s": "text"})
-    with pytest.raises(ValueError, match="real number"):
-      w.scalars(1, {"v": np.ones(3)})
+  files = sorted((tmp_path / "a" / "tb").glob("events.out.tfevents.*"))
+  assert len(files) == 2  # opened within the same second: still two files
+  assert tb_scalars(tmp_path / "a" / "tb") == {"x": [(1, 1.0)], "y": [(2, 2.0)]}
 
 
 def test_logger_jsonl_values_and_nonfinite(tmp_path):
@@ -146,19 +77,19 @@ def test_logger_writes_tensorboard(tmp_path):
   with metrics.MetricsLogger(tmp_path) as log:
     log.log(1, {"reward_mean": 0.25, "phase": "rl"})
     log.log(2, {"reward_mean": 0.5, "eval/gsm8k/pass@1": 0.125})
-  (path,) = (tmp_path / "tb").glob("events.out.tfevents.*")
-  assert metrics.read_events(path) == [(1, "reward_mean", 0.25), (2, "reward_mean", 0.5),
-                                       (2, "eval/gsm8k/pass@1", 0.125)]
+  assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
+  assert tb_scalars(tmp_path / "tb") == {"reward_mean": [(1, 0.25), (2, 0.5)], "eval/gsm8k/pass@1": [(2, 0.125)]}
+  assert not metrics.MetricsLogger(tmp_path / "off", tensorboard=False).close() and not (tmp_path / "off" / "tb").exists()
 
 
 def test_resume_appends_and_truncates(tmp_path):
   with metrics.MetricsLogger(tmp_path) as log:
     for s in range(1, 7):
-      log.log(s, {"reward_mean": s})
+      log.log(s, {"reward_mean": s, "kl": 0.5 * s})
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write('{"step": 7, "rew')                     # a line torn by a kill
   assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 7))
-  # The run restarts from its step-4 checkpoint.
+  # The run restarts from its step-4 checkpoint; after the restart it logs reward_mean only.
   with metrics.MetricsLogger(tmp_path) as log:
     log.truncate_after(4)
     for s in range(5, 9):
@@ -166,14 +97,39 @@ def test_resume_appends_and_truncates(tmp_path):
   rows = metrics.read_jsonl(tmp_path / "metrics.jsonl")
   assert [r["step"] for r in rows] == list(range(1, 9))
   assert [r["reward_mean"] for r in rows] == [1, 2, 3, 4, 50, 60, 70, 80]
-  events = []
-  for path in sorted((tmp_path / "tb").glob("events.out.tfevents.*")):
-    events += metrics.read_events(path)
-  assert sorted(events) == [(s, "reward_mean", float(s if s <= 4 else 10 * s)) for s in range(1, 9)]
+  got = tb_scalars(tmp_path / "tb")
+  assert got["reward_mean"] == [(s, float(s if s <= 4 else 10 * s)) for s in range(1, 9)]
+  # kl was not logged again: only purge_step removes its orphaned steps 5 and 6.
+  assert got["kl"] == [(s, 0.5 * s) for s in range(1, 5)]
   # A third open without truncation only appends.
   with metrics.MetricsLogger(tmp_path, tensorboard=False) as log:
     log.log(9, {"reward_mean": 90})
   assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 10))
+
+
+def test_truncate_without_new_logs_still_truncates_tensorboard(tmp_path):
+  # A run resumed at its last checkpoint may log nothing more; TensorBoard must still end there.
+  with metrics.MetricsLogger(tmp_path) as log:
+    for s in range(0, 6):
+      log.log(s, {"reward_mean": s})
+  with metrics.MetricsLogger(tmp_path) as log:
+    log.truncate_after(3)
+  assert tb_scalars(tmp_path / "tb") == {"reward_mean": [(s, float(s)) for s in range(4)]}
+  assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_truncate_after_a_torn_event_file(tmp_path):
+  # A kill mid-write leaves a torn last record; TensorBoard reads up to it, and the resumed run's
+  # file (purge_step) continues the series.
+  with metrics.MetricsLogger(tmp_path) as log:
+    for s in range(1, 6):
+      log.log(s, {"reward_mean": s})
+  (path,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+  path.write_bytes(path.read_bytes()[:-5])
+  with metrics.MetricsLogger(tmp_path) as log:
+    log.truncate_after(2)
+    log.log(3, {"reward_mean": 30.0})
+  assert tb_scalars(tmp_path / "tb") == {"reward_mean": [(1, 1.0), (2, 2.0), (3, 30.0)]}
 
 
 def test_read_jsonl_rejects_corrupt_middle_line(tmp_path):
@@ -201,11 +157,11 @@ def test_smooth_matches_recurrence():
   for t, v in enumerate(x, 1):
     acc = w * acc + (1 - w) * v
     want.append(acc / (1 - w**t))
-  np.testing.assert_allclose(metrics.smooth(x, w), want)
-  np.testing.assert_array_equal(metrics.smooth(x, 0.0), x)
-  np.testing.assert_allclose(metrics.smooth(np.full(5, 3.0), 0.9), 3.0)   # debiased: no warm-up dip
+  np.testing.assert_allclose(plots.smooth(x, w), want)
+  np.testing.assert_array_equal(plots.smooth(x, 0.0), x)
+  np.testing.assert_allclose(plots.smooth(np.full(5, 3.0), 0.9), 3.0)   # debiased: no warm-up dip
   with pytest.raises(ValueError, match=r"\[0, 1\)"):
-    metrics.smooth(x, 1.0)
+    plots.smooth(x, 1.0)
 
 
 def _is_png(path):
@@ -227,7 +183,7 @@ def test_plot_curves(tmp_path):
         m["eval/gsm8k/maj@8"] = s / 30
       log.log(s, m)
   jsonl = tmp_path / "run" / "metrics.jsonl"
-  paths = metrics.plot_curves(jsonl, tmp_path / "plots")
+  paths = plots.plot_curves(jsonl, tmp_path / "plots")
   names = [p.rsplit("/", 1)[-1] for p in paths]
   # Groups without any logged key (loss, learning_rate) are skipped; ungrouped keys too.
   assert names == ["reward.png", "accuracy.png", "response_length.png", "entropy.png", "kl.png",
@@ -241,7 +197,50 @@ def test_plot_curves(tmp_path):
       # Not a blank canvas: the curves put many distinct colours in the image.
       assert len(im.convert("RGB").getcolors(maxcolors=100000)) > 20
   # Selecting keys: only those; an ungrouped key asked for by name gets its own PNG.
-  sel = metrics.plot_curves(jsonl, tmp_path / "sel", keys=["kl", "eval/*", "custom_thing"], smoothing=0.0)
+  sel = plots.plot_curves(jsonl, tmp_path / "sel", keys=["kl", "eval/*", "custom_thing"], smoothing=0.0)
   assert [p.rsplit("/", 1)[-1] for p in sel] == ["kl.png", "eval.png", "custom_thing.png"]
   assert all(_is_png(p) for p in sel)
-  assert metrics.plot_curves(jsonl, tmp_path / "none", keys=["missing_*"]) == []
+  assert plots.plot_curves(jsonl, tmp_path / "none", keys=["missing_*"]) == []
+
+
+def _pixels_near(im, rgb, tol=40):
+  arr = np.asarray(im.convert("RGB"), np.int32)
+  return int((np.abs(arr - np.asarray(rgb)).sum(-1) < tol).sum())
+
+
+def test_plot_eval_is_drawn_as_measured_and_reward_mean_stays_visible(tmp_path):
+  import matplotlib.colors as mcolors
+  with metrics.MetricsLogger(tmp_path, tensorboard=False) as log:
+    log.log(0, {"eval/pass@1": 0.30, "eval/maj@8": 0.41})
+    for s in range(1, 101):
+      r = 0.3 + 0.005 * s + 0.05 * np.sin(s)
+      # No dynamic sampling: the two reward series are equal.
+      log.log(s, {"reward_mean": r, "reward_mean_sampled": r})
+    log.log(100, {"eval/pass@1": 0.78, "eval/maj@8": 0.80})
+  rows = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+  groups = plots.group_keys(list(dict.fromkeys(k for r in rows for k in r if k not in ("step", "time"))))
+  # Eval: two points, drawn exactly (no EMA: the last drawn value is the measured 0.78), with markers.
+  fig = plots.draw_group("eval", [(k, *plots._series(rows, k)) for k in groups["eval"]], smoothing=0.6)
+  lines = {l.get_label(): l for l in fig.axes[0].get_lines() if not l.get_label().startswith("_")}
+  assert lines["eval/pass@1"].get_ydata().tolist() == [0.30, 0.78]
+  assert lines["eval/maj@8"].get_ydata().tolist() == [0.41, 0.80]
+  assert all(l.get_marker() == "o" for l in lines.values())
+  # Reward: two equal series with distinct colour and style; the legend names both.
+  fig = plots.draw_group("reward", [(k, *plots._series(rows, k)) for k in groups["reward"]], smoothing=0.6)
+  ax = fig.axes[0]
+  labelled = {l.get_label(): l for l in ax.get_lines() if not l.get_label().startswith("_")}
+  a, b = labelled["reward_mean"], labelled["reward_mean_sampled"]
+  assert a.get_color() != b.get_color() and a.get_linestyle() != b.get_linestyle()
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ["reward_mean", "reward_mean_sampled"]
+  # Drawn on top of each other, both colours still show in the PNG (the wider solid line under
+  # the thinner dashed one).
+  paths = plots.plot_curves(tmp_path / "metrics.jsonl", tmp_path / "plots")
+  with Image.open(tmp_path / "plots" / "reward.png") as im:
+    for line in (a, b):
+      rgb = [int(255 * c) for c in mcolors.to_rgb(line.get_color())]
+      assert _pixels_near(im, rgb) > 300, line.get_label()
+  assert sorted(p.rsplit("/", 1)[-1] for p in paths) == ["eval.png", "reward.png"]
+
+
+def test_plot_curves_importable_from_metrics():
+  assert metrics.plot_curves is plots.plot_curves

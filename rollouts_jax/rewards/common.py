@@ -10,19 +10,59 @@ from __future__ import annotations
 import collections
 import contextlib
 import signal
+import sys
 import threading
 import time
 
 _FAILURES: collections.Counter = collections.Counter()
+_MESSAGES: list = []
+_MAX_MESSAGES = 20
+
+#: Failure kinds that describe the model's output, not the grader: a completion without an
+#: extractable answer (or with an unparseable one) is a normal 0, never a grader failure.
+NO_ANSWER_KINDS = ("no_answer", "parse_error")
+#: Failure kinds where the grader itself failed (it caught its own exception or time limit).
+GRADER_FAILURE_KINDS = ("error", "timeout")
+
+
+def kind_of(key: str) -> str:
+    """``"math/no_answer"`` -> ``"no_answer"``."""
+    return key.rsplit("/", 1)[-1]
 
 
 class GraderTimeout(Exception):
     """Raised inside a grader when its per-call time limit runs out."""
 
 
-def record_failure(key: str) -> None:
-    """Counts one failure of kind ``key`` (e.g. ``"math/no_answer"``) in this process."""
+def record_failure(key: str, message: str | None = None) -> None:
+    """Counts one failure of kind ``key`` (e.g. ``"math/no_answer"``) in this process.
+
+    For grader failures (kinds ``error`` and ``timeout``) a message is kept too: ``message``,
+    else the exception being handled when this is called from an ``except`` block; see
+    :func:`take_failure_messages`.
+    """
     _FAILURES[key] += 1
+    if kind_of(key) in GRADER_FAILURE_KINDS and len(_MESSAGES) < _MAX_MESSAGES:
+        if message is None:
+            exc = sys.exc_info()[1]
+            message = f"{type(exc).__name__}: {exc}" if exc is not None else ""
+        _MESSAGES.append(f"{key}: {message}"[:500] if message else key)
+
+
+def take_failure_messages() -> list[str]:
+    """Returns and clears the messages of grader failures recorded in this process.
+
+    >>> reset_failure_counts()
+    >>> try:
+    ...     1 / 0
+    ... except ZeroDivisionError:
+    ...     record_failure("demo/error")
+    >>> take_failure_messages(), take_failure_messages()
+    (['demo/error: ZeroDivisionError: division by zero'], [])
+    """
+    out = list(_MESSAGES)
+    _MESSAGES.clear()
+    return out
 
 
 def failure_counts() -> dict[str, int]:
@@ -39,8 +79,9 @@ def failure_counts() -> dict[str, int]:
 
 
 def reset_failure_counts() -> None:
-    """Clears this process's failure counters."""
+    """Clears this process's failure counters (and kept messages)."""
     _FAILURES.clear()
+    _MESSAGES.clear()
 
 
 def in_main_thread() -> bool:

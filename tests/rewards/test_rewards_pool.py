@@ -96,11 +96,18 @@ def test_pool_matches_direct_calls_and_collects_grader_failures(pool):
 
 
 def test_score_batch_inline_mode_uses_the_alarm():
-    values, stats = rewards.score_batch(graders.length_or_hang, ["hang", "ab", "raise"],
-                                        [None] * 3, timeout_s=0.3, num_workers=0)
+    # Inline scoring is only for graders declared safe; they still get a deadline per call.
+    pool_lib.mark_inline_safe(graders.length_or_hang)
+    try:
+        values, stats = rewards.score_batch(graders.length_or_hang, ["hang", "ab", "raise"],
+                                            [None] * 3, timeout_s=0.3, num_workers=0)
+    finally:
+        pool_lib._INLINE_SAFE.discard(graders.length_or_hang)
+    assert stats["mode"] == "inline"
     assert values.tolist() == [0.0, 2.0, 0.0]
     assert stats["status"].tolist() == [pool_lib.STATUS_TIMEOUT, pool_lib.STATUS_OK,
                                         pool_lib.STATUS_ERROR]
+    assert any("no result after 0.3 s" in m for m in stats["messages"])
 
 
 def test_partial_of_a_module_function_is_accepted(pool):

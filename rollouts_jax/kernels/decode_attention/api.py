@@ -1,5 +1,6 @@
 """Shared-prefix decode attention: dispatch between the naive truth, XLA and Pallas.
 
+>>> import jax.numpy as jnp
 >>> from rollouts_jax.kernels import decode_attention as da
 >>> B, N, K, G, D, P, S = 1, 2, 1, 2, 4, 3, 8
 >>> args = (jnp.ones((B, N, K, G, D)), jnp.ones((B, K, P, D)), jnp.ones((B, K, P, D)),

@@ -71,6 +71,7 @@ def decode_attention(q, prefix_k, prefix_v, prefix_mask, suffix_kt, suffix_v, le
   Returns:
     ``[B, N, K, G, D]`` in ``q.dtype``.
 
+  >>> import jax.numpy as jnp
   >>> B, N, K, G, D, P, S = 1, 2, 1, 2, 4, 3, 8
   >>> out = decode_attention(jnp.ones((B, N, K, G, D)), jnp.ones((B, K, P, D)), jnp.ones((B, K, P, D)),
   ...                        jnp.ones((B, P), bool), jnp.ones((B * N, K, D, S)),

@@ -16,6 +16,7 @@ decoding", Ye et al. 2024): the N samples' queries of one prompt form one ``[N*G
 matrix against the prompt's keys (one larger contraction instead of N*K tiny ones), the
 prompt's keys are never copied, and the suffix is reduced over the slots that exist.
 
+>>> import jax.numpy as jnp
 >>> B, N, K, G, D, P, S = 1, 2, 1, 2, 4, 3, 5
 >>> q = jnp.ones((B, N, K, G, D))
 >>> pk = pv = jnp.ones((B, K, P, D)); pm = jnp.ones((B, P), bool)
@@ -68,6 +69,7 @@ def merge(out_a, lse_a, out_b, lse_b):
   Returns:
     (out, lse) of the attention over the union of the key sets.
 
+  >>> import jax.numpy as jnp
   >>> o, lse = merge(jnp.ones((1, 2)), jnp.zeros(1), 3 * jnp.ones((1, 2)), jnp.zeros(1))
   >>> o.tolist(), lse.tolist()  # equal mass: the mean
   ([[2.0, 2.0]], [0.6931471824645996])
@@ -93,7 +95,7 @@ def prefix_part(q, prefix_k, prefix_v, prefix_mask):
   p = jnp.exp(s - m)
   l = jnp.sum(p, axis=-1)
   o = jnp.einsum("bkmp,bkpd->bkmd", p, prefix_v.astype(jnp.float32)) / l[..., None]
-  back = lambda x: jnp.moveaxis(x.reshape((B, K, N, G) + x.shape[4:]), 2, 1)
+  back = lambda x: jnp.moveaxis(x.reshape((B, K, N, G) + x.shape[3:]), 2, 1)
   return back(o), back(m[..., 0] + jnp.log(l))
 
 

@@ -70,8 +70,8 @@ def test_bad_arguments_raise():
     fp4.quantize(jnp.ones((32, 16)), fmt="fp4")
 
 
-@pytest.mark.parametrize("module", ["kernels.fp4", "kernels.fp4.api", "kernels.fp4.reference",
-                                    "kernels.fp4.pallas"])
+@pytest.mark.parametrize("module", ["rollouts_jax.kernels.fp4", "rollouts_jax.kernels.fp4.api", "rollouts_jax.kernels.fp4.reference",
+                                    "rollouts_jax.kernels.fp4.pallas"])
 def test_docstring_examples_run(module):
   result = doctest.testmod(importlib.import_module(module), extraglobs={"jnp": jnp})
   assert result.failed == 0 and result.attempted > 0

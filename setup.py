@@ -6,6 +6,8 @@ setup(
     version="0.1.0",
     description="JAX-native rollout-centric reinforcement learning for language models.",
     packages=find_packages(include=["rollouts_jax", "rollouts_jax.*"]),
+    package_data={"rollouts_jax.data": ["benchmark_files/*.jsonl", "benchmark_files/README.md"]},
+    include_package_data=True,
     python_requires=">=3.10",
     install_requires=[
         "numpy>=1.26",

@@ -1,4 +1,4 @@
-"""Shared test set-up: fp32 matmuls on CPU and paths to shared data."""
+"""Shared test set-up: fp32 matmuls on CPU and the benchmark folder (packaged unless overridden)."""
 import os
 import pathlib
 
@@ -9,5 +9,5 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-BENCHMARKS = pathlib.Path(
-    os.environ.get("ROLLOUTS_JAX_BENCHMARKS", REPO.parent / "shared" / "data" / "benchmarks"))
+# $ROLLOUTS_JAX_BENCHMARKS, else the files shipped in the package (rollouts_jax.data.benchmarks.PACKAGED_DIR).
+BENCHMARKS = pathlib.Path(os.environ.get("ROLLOUTS_JAX_BENCHMARKS") or REPO / "rollouts_jax" / "data" / "benchmark_files")

@@ -1,8 +1,11 @@
 """Reasoning benchmarks from local JSONL files (GSM8K, MATH-500, AIME 2024, AMC 2023).
 
-No machine here downloads data, so the files live in one folder (the ``manual_dir`` of the
-TFDS builders). It is found, in order, from: the ``manual_dir`` argument, the environment
-variable ``ROLLOUTS_JAX_BENCHMARKS``, and ``<repo>/../shared/data/benchmarks``.
+Nothing is downloaded: the test sets ship inside the package (``benchmark_files/``, see its
+README for sources and licences). The folder used (the ``manual_dir`` of the TFDS builders)
+is, in order: the ``manual_dir`` argument (``data.manual_dir`` in a config), the environment
+variable ``ROLLOUTS_JAX_BENCHMARKS``, and the packaged ``benchmark_files/``.
+:func:`files_digest` fingerprints a benchmark's files; prepared TFDS datasets are keyed by it,
+so an edited file is noticed and rebuilt.
 
 Every record is normalized to ``question`` (the problem text), ``answer`` (the final answer
 as a string: GSM8K's number after ``####`` without thousands commas, MATH-500's LaTeX,
@@ -10,20 +13,22 @@ AIME's integer, AMC's number with a ``.0`` dropped), ``solution`` (a worked solu
 when the file has none) and ``id`` (a string), plus the benchmark's other fields;
 :func:`load_benchmark` also keeps the untouched JSON object under ``raw``.
 
->>> rows = load_benchmark("gsm8k", split="test")  # doctest: +SKIP
->>> rows[0]["answer"]  # doctest: +SKIP
+>>> rows = load_benchmark("gsm8k", split="test")
+>>> rows[0]["answer"]
 '18'
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
 from typing import Any
 
 __all__ = ["BENCHMARK_FILES", "BENCHMARKS_ENV", "BenchmarkFilesMissingError",
-           "default_benchmarks_dir", "resolve_manual_dir", "benchmark_file", "normalize_record",
+           "default_benchmarks_dir", "resolve_manual_dir", "benchmark_file", "files_digest",
+           "normalize_record",
            "load_benchmark", "gsm8k_final_answer", "read_jsonl"]
 
 #: The environment variable that names the benchmark folder.
@@ -42,13 +47,16 @@ class BenchmarkFilesMissingError(FileNotFoundError):
   """A benchmark JSONL file is not where it should be."""
 
 
+#: The benchmark files shipped with the package.
+PACKAGED_DIR = pathlib.Path(__file__).resolve().parent / "benchmark_files"
+
+
 def default_benchmarks_dir() -> pathlib.Path:
-  """``$ROLLOUTS_JAX_BENCHMARKS``, else ``<repo>/../shared/data/benchmarks``."""
+  """``$ROLLOUTS_JAX_BENCHMARKS``, else the packaged ``benchmark_files/``."""
   env = os.environ.get(BENCHMARKS_ENV)
   if env:
     return pathlib.Path(env)
-  repo = pathlib.Path(__file__).resolve().parents[2]
-  return repo.parent / "shared" / "data" / "benchmarks"
+  return PACKAGED_DIR
 
 
 def resolve_manual_dir(manual_dir: str | os.PathLike | None) -> pathlib.Path:
@@ -89,6 +97,31 @@ def benchmark_file(name: str, split: str, manual_dir: str | os.PathLike | None =
         f"DownloadConfig(manual_dir=...)) or the environment variable {BENCHMARKS_ENV} at "
         f"the folder that holds the benchmark files.")
   return path
+
+
+def files_digest(name: str, manual_dir: str | os.PathLike | None = None) -> str:
+  """A 16-hex-digit SHA-256 of a benchmark's files (every split: name and bytes).
+
+  Args:
+    name: one of :data:`BENCHMARK_FILES`.
+    manual_dir: the benchmark folder (``None``: see :func:`resolve_manual_dir`).
+
+  Raises:
+    BenchmarkFilesMissingError: a file is missing.
+
+  >>> len(files_digest("amc23"))
+  16
+  """
+  h = hashlib.sha256()
+  for split in sorted(BENCHMARK_FILES.get(name, {})):
+    path = benchmark_file(name, split, manual_dir)
+    h.update(f"{split}:{path.name}:".encode())
+    with open(path, "rb") as f:
+      for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+  if name not in BENCHMARK_FILES:
+    raise ValueError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARK_FILES)}")
+  return h.hexdigest()[:16]
 
 
 def gsm8k_final_answer(answer_text: str) -> str:
@@ -160,7 +193,7 @@ def load_benchmark(name: str, manual_dir: str | os.PathLike | None = None,
     One dict per record in file order: ``question``, ``answer``, ``solution``, ``id``, the
     benchmark's extra fields, and ``raw`` (the JSON object as read).
 
-  >>> len(load_benchmark("aime24"))  # doctest: +SKIP
+  >>> len(load_benchmark("aime24"))
   30
   """
   path = benchmark_file(name, split, manual_dir)

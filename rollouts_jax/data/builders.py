@@ -15,13 +15,17 @@ Builders (registered under these names when this module is imported):
 * ``arithmetic``: :mod:`rollouts_jax.data.arithmetic`; config ``seed``, ``digits``,
   ``min_digits``, ``ops`` (``"+"``, ``"*"`` or ``"+*"``), ``num_train``, ``num_test``.
 * ``gsm8k`` (train, test), ``math500``, ``aime24``, ``amc23`` (test): the JSONL files of
-  :mod:`rollouts_jax.data.benchmarks`, read from the TFDS ``manual_dir``.
+  :mod:`rollouts_jax.data.benchmarks` (packaged, or a ``manual_dir``). Their config is named
+  by the files' content (``files_<sha256 prefix>``), so an edited file gets its own folder and
+  is read again instead of an outdated cache.
 
 A synthetic config's name spells out every parameter (``d2_seed0_train1000_test100``), so
 each parameter set gets its own folder and files are reused only for the very same
 parameters. :func:`prepare` builds when the files are missing and reuses them otherwise;
 ``rebuild=True`` regenerates them. Train and test splits never share an instance; a split
-asked to have 0 examples is left out (TFDS cannot write an empty split).
+asked to have 0 examples is left out (TFDS cannot write an empty split). Several processes
+may prepare the same dataset at once: :func:`prepare` builds under a cross-process lock
+(``<data_dir>/.locks/``), so one builds and the others wait and reuse its files.
 
 >>> test = load_dataset("countdown", "test", data_dir="/tmp/tfds", seed=0,
 ...                     num_train=100, num_test=10)  # doctest: +SKIP
@@ -49,7 +53,7 @@ from rollouts_jax.data import benchmarks as benchmarks_lib
 from rollouts_jax.data import countdown as countdown_lib
 
 __all__ = ["CountdownConfig", "ArithmeticConfig", "Countdown", "Arithmetic", "Gsm8k", "Math500",
-           "Aime24", "Amc23", "SYNTHETIC_BUILDERS", "BENCHMARK_BUILDERS", "get_builder",
+           "Aime24", "Amc23", "BenchmarkConfig", "SYNTHETIC_BUILDERS", "BENCHMARK_BUILDERS", "get_builder",
            "prepare", "ExampleSource", "load_dataset", "decode_example"]
 
 _FILE_FORMAT = "array_record"
@@ -211,6 +215,18 @@ _MANUAL_INSTRUCTIONS = (
     f"{benchmarks_lib.BENCHMARKS_ENV}.")
 
 
+@dataclasses.dataclass(eq=False)
+class BenchmarkConfig(tfds.core.BuilderConfig):
+  """The benchmark files a dataset was built from: their content digest names the config."""
+  name: str = ""
+  digest: str = ""
+  manual_dir: str = ""
+
+  def __post_init__(self):
+    if not self.name:
+      self.name = f"files_{self.digest}"
+
+
 class _BenchmarkBuilder(_ArrayRecordBuilder, skip_registration=True):
   """A benchmark read from ``<manual_dir>/<file>.jsonl`` (see rollouts_jax.data.benchmarks)."""
 
@@ -230,12 +246,21 @@ class _BenchmarkBuilder(_ArrayRecordBuilder, skip_registration=True):
     })
 
   def _split_generators(self, dl_manager):
+    cfg = self.builder_config
     try:
       folder = dl_manager.manual_dir
     except AssertionError:  # TFDS' default manual dir is missing or empty.
-      folder = benchmarks_lib.default_benchmarks_dir()
+      folder = (cfg.manual_dir if cfg is not None and cfg.manual_dir else
+                benchmarks_lib.default_benchmarks_dir())
     files = {split: benchmarks_lib.benchmark_file(self.BENCHMARK, split, os.fspath(folder))
              for split in benchmarks_lib.BENCHMARK_FILES[self.BENCHMARK]}
+    if cfg is not None and cfg.digest:
+      digest = benchmarks_lib.files_digest(self.BENCHMARK, os.fspath(folder))
+      if digest != cfg.digest:
+        raise ValueError(
+            f"the {self.BENCHMARK} files in {folder} (content {digest}) are not the ones this builder "
+            f"was created for ({cfg.digest}); create it with get_builder({self.BENCHMARK!r}, "
+            f"data_dir=..., manual_dir={os.fspath(folder)!r}).")
     return {split: self._generate_examples(path) for split, path in files.items()}
 
   def _generate_examples(self, path):
@@ -269,14 +294,15 @@ class Amc23(_BenchmarkBuilder):
 SYNTHETIC_BUILDERS = {"countdown": (Countdown, CountdownConfig),
                       "arithmetic": (Arithmetic, ArithmeticConfig)}
 BENCHMARK_BUILDERS = {"gsm8k": Gsm8k, "math500": Math500, "aime24": Aime24, "amc23": Amc23}
+_LOCK_TIMEOUT_S = 3600.0
 
 
 def _config_params(cfg) -> dict:
   return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "description"}
 
 
-def get_builder(name: str, *, data_dir: str | os.PathLike | None, **config: Any,
-                ) -> tfds.core.DatasetBuilder:
+def get_builder(name: str, *, data_dir: str | os.PathLike | None,
+                manual_dir: str | os.PathLike | None = None, **config: Any) -> tfds.core.DatasetBuilder:
   """A builder (not yet prepared) for one of the datasets of this module.
 
   Args:
@@ -284,6 +310,9 @@ def get_builder(name: str, *, data_dir: str | os.PathLike | None, **config: Any,
       ``"amc23"``.
     data_dir: where TFDS keeps the prepared files (``None``: TFDS' default,
       ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+    manual_dir: benchmarks only: the folder of the JSONL files (``None``: see
+      :func:`rollouts_jax.data.benchmarks.resolve_manual_dir`); the config is keyed by their
+      content.
     **config: fields of :class:`CountdownConfig` / :class:`ArithmeticConfig` (synthetic
       tasks only).
 
@@ -296,6 +325,8 @@ def get_builder(name: str, *, data_dir: str | os.PathLike | None, **config: Any,
   'add_d1-2_seed0_train50_test5'
   """
   data_dir = None if data_dir is None else os.fspath(data_dir)
+  if manual_dir is not None and name not in BENCHMARK_BUILDERS:
+    raise ValueError(f"manual_dir is only for the benchmark builders, not {name!r}")
   if name in SYNTHETIC_BUILDERS:
     builder_cls, config_cls = SYNTHETIC_BUILDERS[name]
     known = {f.name for f in dataclasses.fields(config_cls)}
@@ -312,9 +343,26 @@ def get_builder(name: str, *, data_dir: str | os.PathLike | None, **config: Any,
   if name in BENCHMARK_BUILDERS:
     if config:
       raise ValueError(f"benchmark {name!r} takes no config, got {sorted(config)}")
-    return BENCHMARK_BUILDERS[name](data_dir=data_dir)
+    folder = benchmarks_lib.resolve_manual_dir(manual_dir)
+    cfg = BenchmarkConfig(digest=benchmarks_lib.files_digest(name, folder), manual_dir=os.fspath(folder),
+                          description=f"{name} from {folder}")
+    return BENCHMARK_BUILDERS[name](data_dir=data_dir, config=cfg)
   raise ValueError(f"unknown dataset {name!r}; known: "
                    f"{sorted(SYNTHETIC_BUILDERS) + sorted(BENCHMARK_BUILDERS)}")
+
+
+def _same_builder(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
+  """A fresh builder for the same dataset (it reads the info another process has written)."""
+  cfg = builder.builder_config
+  predefined = {c.name for c in type(builder).BUILDER_CONFIGS}
+  config = cfg.name if cfg is not None and cfg.name in predefined else cfg
+  return type(builder)(data_dir=builder._data_dir_root, config=config)  # pylint: disable=protected-access
+
+
+def _lock_path(builder: tfds.core.DatasetBuilder) -> str:
+  cfg = builder.builder_config
+  name = f"{builder.name}__{cfg.name if cfg is not None else 'default'}__{builder.version}.lock"
+  return os.path.join(builder._data_dir_root, ".locks", name)  # pylint: disable=protected-access
 
 
 def prepare(builder: tfds.core.DatasetBuilder, *, rebuild: bool = False,
@@ -324,28 +372,42 @@ def prepare(builder: tfds.core.DatasetBuilder, *, rebuild: bool = False,
   Args:
     builder: from :func:`get_builder` (or any builder of this module).
     rebuild: regenerate the files even when they exist (TFDS ``FORCE_REDOWNLOAD``).
-    manual_dir: benchmarks only: the folder of the JSONL files (``None``:
-      ``$ROLLOUTS_JAX_BENCHMARKS`` or ``<repo>/../shared/data/benchmarks``).
+    manual_dir: benchmarks only: the folder of the JSONL files (``None``: the folder the
+      builder was keyed on, else ``$ROLLOUTS_JAX_BENCHMARKS`` or the packaged files).
 
   Returns:
-    The same builder, prepared.
+    The builder, prepared: the same one, or for the same dataset a fresh one (when another
+    process built it meanwhile, or a benchmark's files differ from those it was keyed on).
 
   Raises:
     BenchmarkFilesMissingError: a benchmark file is missing (the message names the path).
   """
   folder = None
   if isinstance(builder, _BenchmarkBuilder):
+    cfg = builder.builder_config
+    if manual_dir is None and cfg is not None and cfg.manual_dir:
+      manual_dir = cfg.manual_dir
     folder = benchmarks_lib.resolve_manual_dir(manual_dir)
-    if rebuild or not builder.is_prepared():
-      for split in benchmarks_lib.BENCHMARK_FILES[builder.BENCHMARK]:
-        benchmarks_lib.benchmark_file(builder.BENCHMARK, split, manual_dir)  # clear error early
+    for split in benchmarks_lib.BENCHMARK_FILES[builder.BENCHMARK]:
+      benchmarks_lib.benchmark_file(builder.BENCHMARK, split, folder)  # clear error early
+    if cfg is None or cfg.digest != benchmarks_lib.files_digest(builder.BENCHMARK, folder):
+      # Other files than the builder was keyed on (or an unkeyed builder): key it on these.
+      builder = get_builder(builder.BENCHMARK, data_dir=builder._data_dir_root,  # pylint: disable=protected-access
+                            manual_dir=folder)
   elif manual_dir is not None:
     raise ValueError(f"manual_dir is only for the benchmark builders, not {builder.name!r}")
+  if not rebuild and builder.is_prepared():
+    return builder if builder.info.splits else _same_builder(builder)
+  from rollouts_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   mode = (tfds.download.GenerateMode.FORCE_REDOWNLOAD if rebuild else
           tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS)
-  builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(
-          download_mode=mode, manual_dir=None if folder is None else os.fspath(folder)))
+  with workdir_lib.FileLock(_lock_path(builder), timeout_s=_LOCK_TIMEOUT_S,
+                            what=f"The build of {builder.name}/{builder.builder_config.name}"):
+    if not rebuild and _same_builder(builder).is_prepared():
+      return _same_builder(builder)  # another process built it while we waited
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(
+            download_mode=mode, manual_dir=None if folder is None else os.fspath(folder)))
   return builder
 
 
@@ -419,7 +481,8 @@ def load_dataset(name: str, split: str, *, data_dir: str | os.PathLike | None,
   >>> len(src)  # doctest: +SKIP
   8
   """
-  builder = prepare(get_builder(name, data_dir=data_dir, **config), rebuild=rebuild,
+  keyed = {"manual_dir": manual_dir} if name in BENCHMARK_BUILDERS else {}
+  builder = prepare(get_builder(name, data_dir=data_dir, **keyed, **config), rebuild=rebuild,
                     manual_dir=manual_dir)
   if split not in builder.info.splits:
     raise ValueError(f"{name} has splits {sorted(builder.info.splits)}, not {split!r}")

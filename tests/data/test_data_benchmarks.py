@@ -5,11 +5,12 @@ import pathlib
 
 import pytest
 
+from rollouts_jax.data.benchmarks import default_benchmarks_dir
+
 from rollouts_jax.data import benchmarks
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-BENCHMARKS = pathlib.Path(
-    os.environ.get("ROLLOUTS_JAX_BENCHMARKS", REPO.parent / "shared" / "data" / "benchmarks"))
+BENCHMARKS = default_benchmarks_dir()  # $ROLLOUTS_JAX_BENCHMARKS, else the files shipped in the package
 needs_benchmarks = pytest.mark.skipif(not (BENCHMARKS / "gsm8k_test.jsonl").is_file(),
                                       reason=f"benchmark files not in {BENCHMARKS}")
 
@@ -62,7 +63,8 @@ def test_env_var_and_default_dir(monkeypatch, tmp_path):
   assert [(r["id"], r["question"], r["answer"], r["solution"]) for r in rows] == [
       ("1", "P?", "042", "S")]
   monkeypatch.delenv(benchmarks.BENCHMARKS_ENV)
-  assert benchmarks.default_benchmarks_dir() == REPO.parent / "shared" / "data" / "benchmarks"
+  assert benchmarks.default_benchmarks_dir() == benchmarks.PACKAGED_DIR
+  assert benchmarks.PACKAGED_DIR.parent == pathlib.Path(benchmarks.__file__).resolve().parent
 
 
 def test_missing_file_error_says_where(tmp_path, monkeypatch):

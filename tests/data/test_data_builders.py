@@ -4,13 +4,14 @@ import os
 import pathlib
 
 import pytest
+
+from rollouts_jax.data.benchmarks import default_benchmarks_dir
 import tensorflow_datasets as tfds
 
 from rollouts_jax.data import arithmetic, benchmarks, builders, countdown
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-BENCHMARKS = pathlib.Path(
-    os.environ.get("ROLLOUTS_JAX_BENCHMARKS", REPO.parent / "shared" / "data" / "benchmarks"))
+BENCHMARKS = default_benchmarks_dir()  # $ROLLOUTS_JAX_BENCHMARKS, else the files shipped in the package
 needs_benchmarks = pytest.mark.skipif(not (BENCHMARKS / "gsm8k_test.jsonl").is_file(),
                                       reason=f"benchmark files not in {BENCHMARKS}")
 
@@ -183,7 +184,12 @@ def test_benchmark_builder_reads_tfds_manual_dir(tmp_path):
   (manual / "amc23.jsonl").write_text(
       '{"id": 3, "problem": "What is $1+1$?", "answer": 2.0, "url": "u"}\n'
       '{"id": 4, "problem": "What is $1/2$?", "answer": 0.5, "url": "v"}\n')
-  builder = builders.get_builder("amc23", data_dir=tmp_path / "tfds")
+  # The builder is keyed by the content of the files it will read: made for other files, it
+  # refuses to build (rather than caching these files under the other files' name).
+  other = builders.get_builder("amc23", data_dir=tmp_path / "tfds")
+  with pytest.raises(ValueError, match="not the ones this builder was created for"):
+    other.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual))
+  builder = builders.get_builder("amc23", data_dir=tmp_path / "tfds", manual_dir=manual)
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual))
   rows = sorted(builders.ExampleSource(builder.as_data_source(split="test")),
                 key=lambda r: r["id"])

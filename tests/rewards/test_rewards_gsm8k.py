@@ -9,8 +9,8 @@ import pytest
 from rollouts_jax import rewards
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-BENCHMARKS = pathlib.Path(
-    os.environ.get("ROLLOUTS_JAX_BENCHMARKS", REPO.parent / "shared" / "data" / "benchmarks"))
+# $ROLLOUTS_JAX_BENCHMARKS, else the files shipped in the package (rollouts_jax.data.benchmarks.PACKAGED_DIR).
+BENCHMARKS = pathlib.Path(os.environ.get("ROLLOUTS_JAX_BENCHMARKS") or REPO / "rollouts_jax" / "data" / "benchmark_files")
 GSM8K = BENCHMARKS / "gsm8k_test.jsonl"
 needs_gsm8k = pytest.mark.skipif(
     not GSM8K.exists(), reason=f"GSM8K test set not found at {GSM8K} (set ROLLOUTS_JAX_BENCHMARKS)")

@@ -13,8 +13,8 @@ from rollouts_jax.rewards import math_verifier
 from rewards_test_rewrites import near_misses, rewrites
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-BENCHMARKS = pathlib.Path(
-    os.environ.get("ROLLOUTS_JAX_BENCHMARKS", REPO.parent / "shared" / "data" / "benchmarks"))
+# $ROLLOUTS_JAX_BENCHMARKS, else the files shipped in the package (rollouts_jax.data.benchmarks.PACKAGED_DIR).
+BENCHMARKS = pathlib.Path(os.environ.get("ROLLOUTS_JAX_BENCHMARKS") or REPO / "rollouts_jax" / "data" / "benchmark_files")
 MATH500 = BENCHMARKS / "math500.jsonl"
 needs_math500 = pytest.mark.skipif(
     not MATH500.exists(), reason=f"MATH-500 not found at {MATH500} (set ROLLOUTS_JAX_BENCHMARKS)")

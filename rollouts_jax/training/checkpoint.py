@@ -522,21 +522,38 @@ class Checkpointer:
   def read(self, step: int | None = None) -> tuple[PyTree, dict, int]:
     """(state as saved, meta, step) without an abstract state: numpy arrays, PRNG keys as key data.
 
-    Verifies checksums like `restore` (step None: the newest intact step).
+    Verifies checksums and finiteness like `restore` (step None: the newest intact step,
+    with the same one-line warning when newer steps are skipped).
     """
     steps = self.all_steps()
     if not steps:
       raise FileNotFoundError(f"No complete checkpoint in {self.directory}.")
+    if step is not None and step not in steps:
+      raise FileNotFoundError(f"No checkpoint for step {step} in {self.directory}; have {steps}.")
     candidates = [step] if step is not None else list(reversed(steps))
     reasons = {}
     for s in candidates:
       reason = self.check_step(s) if self.verify else None
       if reason is None:
-        state = load_params(os.path.join(self.step_dir(s), "state"), verify=False)
-        with open(os.path.join(self.step_dir(s), "meta", "metadata")) as f:
-          meta = json.load(f)
-        return jax.tree.map(np.asarray, state), meta, s
+        try:
+          state = jax.tree.map(np.asarray, load_params(os.path.join(self.step_dir(s), "state"), verify=False))
+          with open(os.path.join(self.step_dir(s), "meta", "metadata")) as f:
+            meta = json.load(f)
+        except Exception as e:  # pylint: disable=broad-except
+          reason = f"unreadable ({type(e).__name__}: {str(e)[:200]})"
+        else:
+          bad = nonfinite_leaves(state) if self.verify else []
+          if not bad:
+            if reasons:
+              _log.warning("Checkpoint step(s) %s in %s damaged (%s); reading step %d.",
+                           ", ".join(map(str, reasons)), self.directory,
+                           "; ".join(f"{k}: {r}" for k, r in reasons.items()), s)
+            return state, meta, s
+          reason = f"NaN or inf in {', '.join(bad[:3])}"
       reasons[s] = reason
+    if step is not None:
+      raise (NonFiniteStateError if reasons[step].startswith("NaN") else CheckpointDamagedError)(
+          f"checkpoint step {step} in {self.directory} is damaged: {reasons[step]}.")
     raise CheckpointDamagedError(f"No intact checkpoint in {self.directory}: "
                                  + "; ".join(f"step {s}: {r}" for s, r in reasons.items()))
 

@@ -155,3 +155,14 @@ def test_read_without_abstract_state(tmp_path):
     state, meta, step = ckpt.read()
   assert step == 4 and meta == {"step": 4}
   _assert_equal(state, _state(4))
+
+
+def test_read_refuses_nan_weights(tmp_path):
+  with Checkpointer(tmp_path, save_every=1) as ckpt:
+    ckpt.save(1, _state(1))
+    ckpt.save(2, {"w": jnp.full((64, 64), jnp.nan), "b": jnp.zeros(64)})
+    state, _, step = ckpt.read()
+    assert step == 1
+    _assert_equal(state, _state(1))
+    with pytest.raises(NonFiniteStateError, match="step 2"):
+      ckpt.read(step=2)

@@ -74,10 +74,20 @@ def test_division_by_zero_scores_zero():
 ])
 def test_hostile_answers_are_rejected_fast(expression):
     rewards.reset_failure_counts()
-    t0 = time.perf_counter()
-    assert rewards.countdown_reward(f"<answer>{expression}</answer>", ([2, 9, 1], 512)) == 0.0
-    assert time.perf_counter() - t0 < 0.5
+    hostile = f"<answer>{expression}</answer>"
+    assert rewards.countdown_reward(hostile, ([2, 9, 1], 512)) == 0.0
     assert rewards.failure_counts() == {"countdown/parse_error": 1}
+    # Rejected at the cost of parsing, never evaluated: within 50x the cost of scoring an
+    # ordinary correct answer (evaluating 2 ** 999999999 would take 10^4 times longer and more).
+    normal = "<answer>9 * 2 + 1</answer>"
+    assert rewards.countdown_reward(normal, ([2, 9, 1], 19)) == 1.0
+    best = {"hostile": float("inf"), "normal": float("inf")}
+    for _ in range(5):  # alternating, fastest of five
+        for name, text, target in (("hostile", hostile, 512), ("normal", normal, 19)):
+            t0 = time.perf_counter()
+            rewards.countdown_reward(text, ([2, 9, 1], target))
+            best[name] = min(best[name], time.perf_counter() - t0)
+    assert best["hostile"] < 50 * best["normal"], best
 
 
 def test_missing_answer_counts_a_failure():

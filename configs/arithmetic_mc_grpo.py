@@ -16,6 +16,6 @@ def get_config(arg=None):
   config.data.difficulty = 2
   config.data.ops = "+*"
   config.rl.advantage = "mc_grpo"
-  config.rl.num_samples = 9
-  config.rl.max_new_tokens = 64 if arg != "smoke" else 16
+  config.rollout.num_samples = 9
+  config.rollout.max_new_tokens = 64 if arg != "smoke" else 16
   return config

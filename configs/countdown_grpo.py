@@ -15,8 +15,8 @@ def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "default.py"), arg)
   config.data.task = "countdown"
   config.data.difficulty = 2
-  config.reward.name = "countdown"
+  config.reward.name = "task"
   config.data.max_prompt_len = 128
-  config.rl.max_new_tokens = 32 if arg != "smoke" else 16
-  config.rl.dynamic_sampling = True
+  config.rollout.max_new_tokens = 32 if arg != "smoke" else 16
+  config.control.dynamic_sampling = True
   return config

@@ -9,29 +9,29 @@ trained with GRPO on sampled rollouts; held-out pass@1 (4 samples at temperature
 reported before and after RL.
 """
 
-from rollouts_jax.training.config import apply_smoke, base_config_dict
+from rollouts_jax.training.config import apply_smoke, base_config_dict, parse_config_arg
 
 
 def get_config(arg=None):
+  smoke = "smoke" in parse_config_arg(arg)  # an unknown word (`default.py:smok`) is an error
   config = base_config_dict()
   config.data.task = "arithmetic"
   config.data.difficulty = 3
   config.data.ops = "+"
-  config.reward.name = "arithmetic"
-  config.reward.num_workers = 0  # an exact string match: cheaper inline than in worker processes
+  config.reward.name = "task"  # the task's verifier: the number in <answer> tags, exact
   # A deliberately partial warm start: 300 SFT steps are where this model learns to carry, so
   # held-out pass@1 at temperature 1 lands between about 0.27 and 0.54 (seed, numerics) and
   # RL has room to act.
   config.sft.steps = 300
   config.rl.steps = 350
-  config.rl.prompts_per_step = 32
-  config.rl.num_samples = 8
-  config.rl.max_new_tokens = 40
+  config.control.prompts_per_step = 32
+  config.rollout.num_samples = 8
+  config.rollout.max_new_tokens = 40
   config.rl.advantage = "grpo"
   # Above ~2e-4 this small, sharp policy dips or collapses (each Adam step moves every weight,
   # and the per-token KL of a step grows ~quadratically with it); 1.5e-4 learns steadily.
   config.rl.learning_rate = 1.5e-4
   config.eval.num_examples = 500  # the whole test split: +-2 points of noise instead of +-3
-  if arg == "smoke":
+  if smoke:
     apply_smoke(config)
   return config

@@ -13,5 +13,5 @@ from rollouts_jax.training.config import load_config_file
 def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "default.py"), arg)
   config.rl.advantage = "mc_grpo"
-  config.rl.num_samples = 9
+  config.rollout.num_samples = 9
   return config

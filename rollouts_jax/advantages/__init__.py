@@ -7,7 +7,7 @@
 >>> values, mask = advantages.apply(advantages.mc_grpo(), jnp.array([[0., 1., 1.]]))
 """
 from rollouts_jax.advantages import clustering
-from rollouts_jax.advantages.alias import dr_grpo, grpo, mc_grpo, rloo, uniqueness_grpo
+from rollouts_jax.advantages.alias import dr_grpo, grpo, mc_grpo, pvpo, rloo, uniqueness_grpo, xrpo
 from rollouts_jax.advantages.base import (AdvantageTransform, ChainState, EmptyState, apply,
                                           chain)
 from rollouts_jax.advantages.clustering import (cluster_by_answer, cluster_by_judge, llm_judge,
@@ -18,11 +18,14 @@ from rollouts_jax.advantages.transforms import (batch_std, clip, group_mean, gro
                                                 reference_anchor, scale_by_batch_std,
                                                 scale_by_group_std, uniqueness_reweight)
 
+#: The recipe names a config may use (`rl.advantage`).
+RECIPES = ("grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo")
+
 __all__ = [
     "AdvantageTransform", "ChainState", "EmptyState", "apply", "chain",
     "group_mean_baseline", "leave_one_out_baseline", "group_median_baseline",
     "scale_by_group_std", "scale_by_batch_std", "batch_std", "clip", "uniqueness_reweight",
     "novelty_sharpen", "reference_anchor", "group_mean", "group_std", "group_median",
-    "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo",
+    "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "RECIPES",
     "clustering", "cluster_by_answer", "cluster_by_judge", "llm_judge", "pairwise_judge",
 ]

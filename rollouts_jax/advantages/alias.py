@@ -121,3 +121,59 @@ def uniqueness_grpo(alpha: float = 0.5, eps: float = 1e-4, ddof: int = 1,
   """
   return base.chain(T.group_mean_baseline(), T.scale_by_group_std(eps=eps, ddof=ddof),
                     T.uniqueness_reweight(alpha=alpha, count=count, renormalize=renormalize))
+
+
+def xrpo(lam: float = 1.0, kappa: float = 0.5, eps: float = 1e-4, ddof: int = 1,
+         correct_only: bool = True) -> base.AdvantageTransform:
+  """XRPO's advantages: GRPO, then novelty sharpening of low-likelihood correct samples.
+
+  XRPO (arXiv 2510.06672). Needs `seq_logprobs=` (float[B, N], mean token log-prob of each
+  sample under the rollout policy); the training loop supplies it from the behaviour log-probs.
+
+  Args:
+    lam, kappa, correct_only: see `novelty_sharpen`.
+    eps, ddof: of the GRPO std.
+
+  Returns:
+    `chain(group_mean_baseline(), scale_by_group_std(eps, ddof), novelty_sharpen(...))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> r = jnp.array([[1., 1., 0., 0.]])
+    >>> s = jnp.array([[-3., -0.1, -1., -1.]])  # sample 0: correct but unlikely
+    >>> adv, _ = advantages.apply(advantages.xrpo(), r, seq_logprobs=s)
+    >>> bool(adv[0, 0] > adv[0, 1] > 0)
+    True
+  """
+  return base.chain(T.group_mean_baseline(), T.scale_by_group_std(eps=eps, ddof=ddof),
+                    T.novelty_sharpen(lam=lam, kappa=kappa, correct_only=correct_only))
+
+
+def pvpo(scale: str = "none", eps: float = 1e-4) -> base.AdvantageTransform:
+  """PVPO: the baseline is the mean reward of reference-policy rollouts of the prompt (static V).
+
+  PVPO (arXiv 2508.21104). Needs `ref_rewards=` (float[B, M]) and optionally `ref_mask=`;
+  the training loop supplies them from `reward.ref_samples` rollouts of the initial policy.
+
+  Args:
+    scale: "none" (the third-party port) or "batch_std" (divide by the batch std).
+    eps: added to the batch std.
+
+  Returns:
+    `chain(reference_anchor())`, or with `scale_by_batch_std(eps)` after it.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, _ = advantages.apply(advantages.pvpo(), jnp.array([[1., 1.]]),
+    ...                           ref_rewards=jnp.array([[0., 1., 0., 0.]]))
+    >>> adv.tolist()   # an all-equal group still gets a gradient
+    [[0.75, 0.75]]
+  """
+  if scale not in ("none", "batch_std"):
+    raise ValueError(f"pvpo: scale must be 'none' or 'batch_std', got {scale!r}.")
+  parts = [T.reference_anchor()]
+  if scale == "batch_std":
+    parts.append(T.scale_by_batch_std(eps=eps))
+  return base.chain(*parts)

@@ -47,6 +47,7 @@ from rollouts_jax.rewards.extract import (
     parse_number,
 )
 from rollouts_jax.rewards.format import FORMAT_STYLES, format_reward
+from rollouts_jax.rewards.group import GROUP_TERMS, GroupScorer, build_scorer, parse_reward_spec, ttrl
 from rollouts_jax.rewards.gsm8k import gsm8k_answer, gsm8k_reference_number, gsm8k_reward
 from rollouts_jax.rewards.label_free import (
     answer_counts,
@@ -86,5 +87,5 @@ __all__ = [
     "parse_countdown_reference", "parse_expression", "parse_number", "record_failure",
     "register_reward_fn", "reset_failure_counts", "reward_fn_names", "score_batch",
     "sequence_scores", "shutdown_default_pools", "soft_self_consistency", "time_limit",
-    "ttrl_reward",
+    "ttrl_reward", "GROUP_TERMS", "GroupScorer", "build_scorer", "parse_reward_spec", "ttrl",
 ]

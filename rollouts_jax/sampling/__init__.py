@@ -1,9 +1,16 @@
-"""Generate: the pure-functional sampler and its sampling policies."""
+"""GENERATE: the pure-functional sampler, the rollout batch type and the FP4 explorer's pieces.
 
+>>> from rollouts_jax import sampling
+>>> b = sampling.RolloutBatch.empty(2, 4, 8, 16)
+>>> b.shape
+(2, 4, 16)
+"""
+
+from rollouts_jax.sampling.batch import RolloutBatch, concat, from_samples
 from rollouts_jax.sampling.sampler import (DEFAULT_PROMPT_BUCKETS, SampleOutput, SamplingConfig,
                                            bucket_length, left_pad_to, mask_after_eos,
                                            process_logits, sample)
 from rollouts_jax.sampling import sol_rl
 
-__all__ = ["DEFAULT_PROMPT_BUCKETS", "SampleOutput", "SamplingConfig", "bucket_length", "left_pad_to",
-           "mask_after_eos", "process_logits", "sample", "sol_rl"]
+__all__ = ["DEFAULT_PROMPT_BUCKETS", "RolloutBatch", "SampleOutput", "SamplingConfig", "bucket_length", "concat",
+           "from_samples", "left_pad_to", "mask_after_eos", "process_logits", "sample", "sol_rl"]

@@ -1,4 +1,9 @@
-"""Sol-RL two-stage rollouts: explore a large pool with an FP4 policy, train on a contrastive subset.
+"""Sol-RL's GENERATE pieces: gather a pool's subset, recompute its log-probs in full precision.
+
+In the training loop Sol-RL is four composed calls, one per stage: sample a pool with the
+FP4 copy of the policy (`sampling.sample`), score it (FILTER), select a subset
+(`control.select_subset`), and recompute the subset's log-probs under the full-precision
+policy (`recompute_batch`). The description below is the method's.
 
 Per prompt, stage 1 samples a pool of M completions with the FP4 copy of the policy and
 scores them; a subset of k is selected (best k/2 and worst k - k/2 by reward, by default);
@@ -20,7 +25,7 @@ NVlabs/Sana `train_scripts/sol_rl/train_utils.py`.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,125 +35,10 @@ from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
 from rollouts_jax.sampling import sampler
 from rollouts_jax.sampling.sampler import SampleOutput, SamplingConfig
-
-MODES = ("contrastive", "random", "deviation")
+from rollouts_jax.control.subset import MODES, select_subset  # noqa: F401  (moved to CONTROL)
 
 
 # ----------------------------------------------------------------------------- selection
-
-
-def _first_occurrence_M(ids_MxT: np.ndarray) -> np.ndarray:
-  """True at the first of each set of identical rows (exact, by sorting rows)."""
-  _, first = np.unique(ids_MxT, axis=0, return_index=True)
-  out = np.zeros(ids_MxT.shape[0], bool)
-  out[first] = True
-  return out
-
-
-def _order_desc(r_M: np.ndarray) -> np.ndarray:
-  """Indices by descending reward, ties by ascending index."""
-  return np.lexsort((np.arange(r_M.shape[0]), -r_M))
-
-
-def _order_asc(r_M: np.ndarray) -> np.ndarray:
-  """Indices by ascending reward, ties by ascending index."""
-  return np.lexsort((np.arange(r_M.shape[0]), r_M))
-
-
-def _contrastive(r_M: np.ndarray, cand: np.ndarray, k: int) -> list[int]:
-  """Best k//2 then worst k - k//2 of the candidate indices `cand`, never picking one twice."""
-  n_best = k // 2
-  best = cand[_order_desc(r_M[cand])][:n_best]
-  rest = np.setdiff1d(cand, best, assume_unique=True)
-  worst = rest[_order_asc(r_M[rest])][:k - n_best]
-  return best.tolist() + worst.tolist()
-
-
-def _deviation(r_M: np.ndarray, cand: np.ndarray, k: int) -> list[int]:
-  """The k candidates farthest from the group mean, ties by ascending index."""
-  dev = np.abs(r_M[cand] - r_M.mean())
-  return cand[_order_desc(dev)][:k].tolist()
-
-
-def _random(cand: np.ndarray, k: int, rng_key: jax.Array) -> list[int]:
-  perm = np.asarray(jax.random.permutation(rng_key, cand.shape[0]))
-  return cand[perm][:k].tolist()
-
-
-def select_subset(rewards_BxM: Any, k: int, mode: str = "contrastive", key: jax.Array | None = None,
-                  completion_ids: Any = None) -> np.ndarray:
-  """Indices of the k pool samples of each prompt to train on.
-
-  Modes (Sol-RL `select_indices_by_mode`):
-    * `"contrastive"` (the paper's `best_worst`): the `k // 2` highest rewards, then the
-      `k - k // 2` lowest among the samples not already taken (odd k: one extra worst).
-      Ties go to the lower index, and the worst half is drawn from what the best half left,
-      so equal rewards never select one sample twice (an all-equal group gives `0..k-1`).
-    * `"deviation"` (`mean_deviation`): the k largest `|r - mean(r)|` (group mean over the
-      whole pool), ties to the lower index.
-    * `"random"`: k distinct samples uniformly at random (needs `key`).
-
-  With `completion_ids`, identical completions count once: a sample whose token row equals
-  an earlier one of its group is taken only after every distinct completion has been, so
-  the subset holds as many distinct completions as the pool allows.
-
-  Args:
-    rewards_BxM: float `[B, M]` pool rewards (host or device), finite.
-    k: subset size per prompt, `1 <= k <= M`.
-    mode: one of `MODES`.
-    key: PRNG key, required by `"random"`; one permutation per prompt (`fold_in(key, b)`).
-    completion_ids: optional int `[B, M, T]` pool tokens (pad after EOS), for de-duplication.
-
-  Returns:
-    int32 `[B, k]` numpy indices into the pool, distinct within each row. Contrastive rows
-    list the best half (descending reward) then the worst half (ascending).
-
-  Raises:
-    ValueError: k outside `[1, M]`, an unknown mode, a missing key, non-finite rewards or
-      mismatched shapes.
-
-  >>> select_subset(np.array([[0.2, 1.0, 0.0, 0.5, 1.0]]), 3).tolist()
-  [[1, 2, 0]]
-
-  Paper: Sol-RL (arXiv 2604.06916), 24 trained of 96 explored per prompt.
-  """
-  r = np.asarray(rewards_BxM, np.float64)
-  if r.ndim != 2:
-    raise ValueError(f"rewards must be [B, M]; got shape {r.shape}.")
-  B, M = r.shape
-  if mode not in MODES:
-    raise ValueError(f"Unknown selection mode {mode!r}; expected one of {MODES}.")
-  if not 1 <= int(k) <= M:
-    raise ValueError(f"Cannot select k={k} samples from a pool of M={M} per prompt (need 1 <= k <= M).")
-  k = int(k)
-  if not np.all(np.isfinite(r)):
-    raise ValueError("rewards must be finite (score failures before selecting).")
-  if mode == "random" and key is None:
-    raise ValueError("mode='random' needs a PRNG key.")
-  if completion_ids is not None:
-    ids = np.asarray(completion_ids)
-    if ids.ndim != 3 or ids.shape[:2] != (B, M):
-      raise ValueError(f"completion_ids must be [B, M, T] = [{B}, {M}, T]; got shape {ids.shape}.")
-  out = np.empty((B, k), np.int32)
-  for b in range(B):
-    distinct = _first_occurrence_M(ids[b]) if completion_ids is not None else np.ones(M, bool)
-    tiers = [np.flatnonzero(distinct), np.flatnonzero(~distinct)]
-    chosen: list[int] = []
-    for t, cand in enumerate(tiers):
-      need = k - len(chosen)
-      if need == 0:
-        break
-      if cand.size == 0:
-        continue
-      take = min(need, cand.size)
-      if mode == "contrastive":
-        chosen += _contrastive(r[b], cand, take)
-      elif mode == "deviation":
-        chosen += _deviation(r[b], cand, take)
-      else:
-        chosen += _random(cand, take, jax.random.fold_in(jax.random.fold_in(key, b), t))
-    out[b] = chosen
-  return out
 
 
 def gather_samples(sample_output: SampleOutput, indices_BxK: Any) -> SampleOutput:
@@ -251,77 +141,51 @@ def recompute_logprobs(cfg: ModelConfig, params: Params, prompt_ids: Any, prompt
   return samples.replace(logprobs=lp, policy_logprobs=plp, entropy=ent), {"out_of_support_frac": frac}
 
 
-# ----------------------------------------------------------------------------- two stages
+# ------------------------------------------------------------------ the pipeline's recompute step
 
 
-def two_stage_sample(cfg: ModelConfig, params_full: Params, params_fp4: Params, prompt_ids: Any,
-                     prompt_mask: Any, key: jax.Array, config_pool: SamplingConfig, k: int,
-                     reward_fn_host: Callable[[SampleOutput], Any], mode: str = "contrastive", *,
-                     dedup: bool = True, num_chunks: int = 1
-                     ) -> tuple[SampleOutput, np.ndarray, dict[str, float]]:
-  """Sol-RL rollouts: an FP4 pool of M = `config_pool.num_samples`, a subset of k to train on.
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "num_chunks"))
+def _batch_logprobs_jit(cfg: ModelConfig, params: Params, prompt_ids_BxP, prompt_mask_BxP, completion_ids_BxKxT,
+                        temperature: float, num_chunks: int):
+  B, K, T = completion_ids_BxKxT.shape
+  P = prompt_ids_BxP.shape[1]
+  R = B * K
+  rep = lambda x: jnp.repeat(x, K, axis=0)
+  tokens_RxL = jnp.concatenate([rep(prompt_ids_BxP), completion_ids_BxKxT.reshape(R, T)], axis=1)
+  attn_RxL = jnp.concatenate([rep(prompt_mask_BxP), jnp.ones((R, T), bool)], axis=1)
+  split = lambda x: x.reshape((num_chunks, R // num_chunks) + x.shape[1:])
+  lp, ent = jax.lax.map(lambda xs: models.token_logprobs(cfg, params, xs[0], xs[1], P, temperature=temperature),
+                        (split(tokens_RxL), split(attn_RxL)))
+  return lp.reshape(B, K, T), ent.reshape(B, K, T)
 
-  1. Sample M completions per prompt with `params_fp4` (`models.quantize_params`).
-  2. Score them on the host: `reward_fn_host(pool) -> [B, M]`.
-  3. Select k per prompt (`select_subset`; with `dedup`, identical completions count once).
-  4. Recompute the subset's `logprobs` / `policy_logprobs` / `entropy` under `params_full`.
+
+def recompute_batch(cfg: ModelConfig, params: Params, batch, *, temperature: float = 1.0, num_chunks: int = 1):
+  """Sol-RL's stage 2 on a `RolloutBatch`: the trainer's log-probs of its tokens under `params`.
+
+  Sets `old_logprobs` (the full-precision policy's tempered log-probs, the same function the
+  update uses, so with one update per step the PPO ratio starts at exactly 1) and `entropy`,
+  and keeps `behaviour_logprobs` (the FP4 explorer's), so `rl.tis_cap` can correct the
+  explorer/trainer mismatch.
 
   Args:
-    cfg: model configuration.
-    params_full: the full-precision policy (the one being trained).
-    params_fp4: its quantized copy, used only to explore.
-    prompt_ids, prompt_mask: `[B, P]`, left-padded.
-    key: PRNG key (the pool uses it; `"random"` selection a key folded from it).
-    config_pool: SamplingConfig of the pool (`num_samples` = M).
-    k: samples kept per prompt, `1 <= k <= M`.
-    reward_fn_host: maps the pool SampleOutput to rewards `[B, M]` (host callback).
-    mode: `"contrastive"`, `"random"` or `"deviation"` (see `select_subset`).
-    dedup: pass the pool's tokens to the selection so that duplicates count once.
-    num_chunks: see `recompute_logprobs`.
+    cfg, params: the full-precision policy.
+    batch: a RolloutBatch `[B, K, T]` sampled by the explorer.
+    temperature: the sampling temperature.
+    num_chunks: rows are scored in this many sequential chunks (must divide B * K).
 
   Returns:
-    (subset SampleOutput `[B, k, T]` with full-precision log-probs, rewards `[B, k]`
-    float32, pool statistics: reward mean / std of the pool and of the subset, the mean
-    number of distinct completions per prompt, the mean absolute FP4-vs-full gap of the
-    policy log-probs on subset tokens, and `out_of_support_frac`).
-
-  Raises:
-    ValueError: k outside `[1, M]`, rewards of the wrong shape, or a bad mode.
-
-  >>> qparams = models.quantize_params(cfg, params, "nvfp4")  # doctest: +SKIP
-  >>> sub, r, stats = two_stage_sample(cfg, params, qparams, ids, mask, key,
-  ...     SamplingConfig(num_samples=96, max_new_tokens=64, eos_id=2), 24, score_fn)  # doctest: +SKIP
-
-  Paper: Sol-RL (FP4 Explore, BF16 Train; arXiv 2604.06916).
+    (the batch with `old_logprobs` and `entropy` set, {"fp4_logprob_gap": mean |behaviour - old|
+    over live tokens}).
   """
-  M = config_pool.num_samples
-  if not 1 <= int(k) <= M:
-    raise ValueError(f"Cannot select k={k} samples from a pool of M={M} per prompt (need 1 <= k <= M).")
-  if mode not in MODES:
-    raise ValueError(f"Unknown selection mode {mode!r}; expected one of {MODES}.")
-  pool_key, select_key = jax.random.split(key)
-  pool = sampler.sample(cfg, params_fp4, prompt_ids, prompt_mask, pool_key, config_pool)
-  rewards = np.asarray(reward_fn_host(pool), np.float32)
-  B = pool.lengths.shape[0]
-  if rewards.shape != (B, M):
-    raise ValueError(f"reward_fn_host must return [B, M] = [{B}, {M}] rewards; got shape {rewards.shape}.")
-  pool_ids = np.asarray(pool.completion_ids)
-  idx = select_subset(rewards, k, mode, key=select_key, completion_ids=pool_ids if dedup else None)
-  subset = gather_samples(pool, idx)
-  full, rescore_stats = recompute_logprobs(cfg, params_full, prompt_ids, prompt_mask, subset, config_pool,
-                                           num_chunks=num_chunks)
-  sub_rewards = np.take_along_axis(rewards, idx, axis=1)
-  mask = np.asarray(subset.completion_mask)
-  gap = np.abs(np.asarray(subset.policy_logprobs) - np.asarray(full.policy_logprobs))
-  distinct = np.mean([np.unique(pool_ids[b], axis=0).shape[0] for b in range(B)])
-  stats = {
-      "pool_reward_mean": float(rewards.mean()), "pool_reward_std": float(rewards.std()),
-      "subset_reward_mean": float(sub_rewards.mean()), "subset_reward_std": float(sub_rewards.std()),
-      "pool_distinct_per_prompt": float(distinct),
-      "fp4_logprob_gap": float((gap * mask).sum() / max(mask.sum(), 1)),
-      "pool_size": float(M), "subset_size": float(k), **rescore_stats,
-  }
-  return full, sub_rewards, stats
+  B, K, T = batch.completion_ids.shape
+  if num_chunks < 1 or (B * K) % num_chunks:
+    raise ValueError(f"num_chunks={num_chunks} must divide B * k = {B * K}.")
+  lp, ent = _batch_logprobs_jit(cfg, params, jnp.asarray(batch.prompt_ids, jnp.int32), jnp.asarray(batch.prompt_mask),
+                                jnp.asarray(batch.completion_ids, jnp.int32), float(temperature), num_chunks)
+  m = np.asarray(batch.completion_mask)
+  lp, ent = np.where(m, np.asarray(lp), 0.0).astype(np.float32), np.where(m, np.asarray(ent), 0.0).astype(np.float32)
+  gap = float((np.abs(lp - np.asarray(batch.behaviour_logprobs)) * m).sum() / max(m.sum(), 1))
+  return batch.replace(old_logprobs=lp, entropy=ent), {"fp4_logprob_gap": gap}
 
 
-__all__ = ["MODES", "gather_samples", "recompute_logprobs", "select_subset", "two_stage_sample"]
+__all__ = ["MODES", "gather_samples", "recompute_batch", "recompute_logprobs", "select_subset"]

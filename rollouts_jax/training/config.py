@@ -1,12 +1,24 @@
-"""Typed experiment configuration.
+"""Typed experiment configuration: one frozen dataclass per stage.
 
 Launchers hold an `ml_collections.ConfigDict` (from `configs/*.py`); library code only
-sees these frozen dataclasses. `from_config_dict` converts one into the other and
-rejects keys that no code reads, naming them, before anything is compiled.
+sees these frozen dataclasses, and each stage is built from its own section:
+
+| section     | stage / consumer                                                       |
+| ----------- | ---------------------------------------------------------------------- |
+| `data`      | the Task (`rollouts_jax.tasks`): dataset, prompt format, reference     |
+| `rollout`   | GENERATE: `sampling.SamplingConfig` and the FP4 explorer               |
+| `reward`    | FILTER: per-sample verifiers, group rewards, reference rewards         |
+| `control`   | CONTROL: the prompt selector, dynamic sampling, the Sol-RL subset      |
+| `replay`    | REPLAY: the rollout buffer                                             |
+| `rl`        | the update (`training.rl_step`): advantage recipe, loss, optimizer     |
+
+`from_config_dict` converts a ConfigDict, rejects keys that no code reads (naming them) and
+validates every name and size before anything is built or compiled.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import typing
@@ -21,7 +33,7 @@ class DataConfig:
   `aime24`, `amc23`, read from `manual_dir`).
   """
   task: str = "arithmetic"
-  data_dir: str = ""            # TFDS data folder; "" = <workdir>/../tfds-data? see resolve_data_dir
+  data_dir: str = ""            # TFDS data folder; "" = $ROLLOUTS_JAX_CACHE/tfds
   manual_dir: str = ""          # folder with benchmark JSONL files (benchmarks only)
   seed: int = 0
   num_train: int = 20000
@@ -68,17 +80,65 @@ class SFTConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RLConfig:
-  """The GRPO-family update."""
-  steps: int = 100
-  prompts_per_step: int = 16
-  num_samples: int = 8
+class RolloutConfig:
+  """GENERATE: how completions are sampled (the sampler's settings, one definition each)."""
+  num_samples: int = 8          # N completions per prompt kept for the update
   max_new_tokens: int = 64
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
-  sample_chunk: int = 0
-  advantage: str = "grpo"       # a recipe name in rollouts_jax.advantages (grpo, dr_grpo, rloo, mc_grpo ...)
+  sample_chunk: int = 0         # samples per prompt decoded at once (0: the sampler's default)
+  # Sol-RL (arXiv 2604.06916): explore with an FP4 copy of the policy; control.subset picks
+  # num_samples of the fp4_pool_size samples per prompt.
+  fp4: str = ""                 # "" (off), "nvfp4" or "mxfp4"
+  fp4_pool_size: int = 0        # FP4 samples per prompt (0: num_samples, no selection)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+  """FILTER: what a completion (or a group of them) is worth.
+
+  name: a weighted sum of terms, e.g. "arithmetic", "countdown + 0.1*format_answer_tag" or
+  "ttrl". A term is a per-sample verifier (`rewards.reward_fn_names()`), a label-free group
+  reward ("ttrl", "dare", "co_reward": they never read the references) or "task" (the task's
+  own verifier).
+  """
+  name: str = "task"
+  timeout_s: float = 5.0
+  num_workers: int = 2          # grader worker processes (0: in the training process)
+  overlong_buffer: int = 0      # DAPO soft overlong punishment buffer (0 = off)
+  dare_alpha: float = 0.5       # DARE exploration-bonus weight
+  dare_tau: float = 0.0         # DARE pruning threshold on the answer distribution
+  clusters: str = "strategy"    # uniqueness clusters: "strategy" (the task's) or "answer"
+  ref_samples: int = 0          # PVPO: reference-policy rollouts per prompt (0 = off)
+  ref_refresh: int = 0          # PVPO: recompute a prompt's reference rewards after this many steps (0: never)
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlConfig:
+  """CONTROL: which prompts, how many rollouts each, which groups and samples are kept."""
+  name: str = "uniform"         # a selector in rollouts_jax.control (uniform, ...)
+  kwargs: str = ""              # the selector's settings, "key=value,key=value"
+  prompts_per_step: int = 16
+  dynamic_sampling: bool = False  # DAPO: keep groups whose rewards differ, refill up to the budget
+  max_refills: int = 2          # extra generations per step that dynamic sampling may spend
+  subset: str = "contrastive"   # Sol-RL subset of the FP4 pool: contrastive, deviation or random
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+  """REPLAY: a fixed-capacity buffer of rollout groups."""
+  name: str = "none"            # "none" or "fifo" (surplus informative groups reused next steps)
+  capacity: int = 64            # groups
+  max_staleness: int = 4        # updates after which a stored group is dropped
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """The update: everything `training.rl_step` reads, and nothing else (it is a static argument)."""
+  steps: int = 100              # RL steps (the learning-rate schedule's length)
+  advantage: str = "grpo"       # a recipe in rollouts_jax.advantages (grpo, dr_grpo, rloo, mc_grpo ...)
+  advantage_kwargs: str = ""    # the recipe's keyword arguments, "key=value,key=value"
   loss_kind: str = "ppo_clip"   # ppo_clip, gspo, cispo
   clip_low: float = 0.2
   clip_high: float = 0.2
@@ -87,7 +147,7 @@ class RLConfig:
   kl_coef: float = 0.0
   kl_kind: str = "k3"
   entropy_coef: float = 0.0
-  tis_cap: float = 0.0          # truncated importance sampling cap for rollout/train mismatch (0 = off)
+  tis_cap: float = 0.0          # truncated importance sampling cap on behaviour/trainer mismatch (0 = off)
   ppo_epochs: int = 1
   num_minibatches: int = 1
   micro_batch_size: int = 0     # rows per forward/backward; 0 = the whole minibatch
@@ -99,21 +159,6 @@ class RLConfig:
   # noisy; a larger epsilon keeps Adam from scaling them up to full-size steps.
   adam_eps: float = 1e-8
   freeze: str = ""              # comma-separated parameter names kept fixed during RL, e.g. "embed"
-  dynamic_sampling: bool = False
-  max_refills: int = 2
-  max_nonfinite_steps: int = 3  # stop after this many consecutive skipped (NaN/inf) updates
-  overlong_buffer: int = 0      # DAPO soft overlong punishment buffer (0 = off)
-  # Sol-RL (arXiv 2604.06916): explore with an FP4 copy of the policy, train on a selected subset.
-  fp4_rollouts: str = ""        # "" (off), "nvfp4" or "mxfp4"
-  sol_pool_size: int = 0        # FP4 samples per prompt; num_samples of them are kept (0: keep all)
-  sol_select: str = "contrastive"  # contrastive, deviation or random
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardConfig:
-  name: str = "arithmetic"
-  timeout_s: float = 5.0
-  num_workers: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,14 +194,22 @@ class ExperimentConfig:
   tokenizer: TokenizerConfig = TokenizerConfig()
   model: ModelSectionConfig = ModelSectionConfig()
   sft: SFTConfig = SFTConfig()
-  rl: RLConfig = RLConfig()
+  rollout: RolloutConfig = RolloutConfig()
   reward: RewardConfig = RewardConfig()
+  control: ControlConfig = ControlConfig()
+  replay: ReplayConfig = ReplayConfig()
+  rl: RLConfig = RLConfig()
   eval: EvalConfig = EvalConfig()
   checkpoint: CheckpointConfig = CheckpointConfig()
   mesh: MeshConfig = MeshConfig()
+  max_nonfinite_steps: int = 3  # stop after this many consecutive skipped (NaN/inf) updates
   # Stop after this RL step (simulates a crash in tests; -1 = off). Not a hyperparameter.
   stop_after_step: int = -1
 
+
+# ----------------------------------------------------------------------------------------------
+# Conversion
+# ----------------------------------------------------------------------------------------------
 
 def _convert(cls, data: Mapping[str, Any], where: str):
   fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -181,6 +234,8 @@ def _convert(cls, data: Mapping[str, Any], where: str):
 def _coerce(value, hint, name):
   origin = typing.get_origin(hint)
   if origin is tuple:
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) for v in value):
+      raise ValueError(f"Config key {name} must be a tuple of ints, got {value!r}.")
     return tuple(value)
   if hint is float and isinstance(value, int) and not isinstance(value, bool):
     return float(value)
@@ -204,7 +259,8 @@ def from_config_dict(config: Any) -> ExperimentConfig:
   """Validates and converts a ConfigDict (or dict) into an ExperimentConfig.
 
   Raises:
-    ValueError: naming any key that no code reads, or a value of the wrong type.
+    ValueError: naming any key that no code reads, a value of the wrong type, or an unknown
+      name (recipe, loss, reward, task, selector, buffer ...) with its config key.
 
   >>> from_config_dict({"rl": {"steps": 3}}).rl.steps
   3
@@ -214,12 +270,42 @@ def from_config_dict(config: Any) -> ExperimentConfig:
   return cfg
 
 
+def parse_kwargs(text: str, key: str = "kwargs") -> dict[str, Any]:
+  """`"alpha=1.0,count=all"` -> `{"alpha": 1.0, "count": "all"}` (Python literals, else strings).
+
+  >>> parse_kwargs("mad_fallback=False, eps=1e-3,scale=mad")
+  {'mad_fallback': False, 'eps': 0.001, 'scale': 'mad'}
+  """
+  out: dict[str, Any] = {}
+  for part in filter(None, (p.strip() for p in text.split(","))):
+    name, sep, raw = part.partition("=")
+    if not sep or not name.strip().isidentifier():
+      raise ValueError(f"Config key {key}: {part!r} is not of the form name=value (in {text!r}).")
+    try:
+      value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+      value = raw.strip()
+    out[name.strip()] = value
+  return out
+
+
+def _positive(value, key, allow_zero=False):
+  if value < 0 or (value == 0 and not allow_zero):
+    raise ValueError(f"Config key {key} must be {'>= 0' if allow_zero else '> 0'}, got {value}.")
+
+
+def _one_of(value, options, key):
+  if value not in options:
+    raise ValueError(f"Config key {key} must be one of {', '.join(map(repr, options))}; got {value!r}.")
+
+
 def validate(cfg: ExperimentConfig) -> None:
-  """Checks that can be made before anything is built or compiled."""
+  """Checks that can be made before anything is built or compiled (every name, size and sign)."""
+  from rollouts_jax import control, losses, replay, rewards, tasks  # pylint: disable=g-import-not-at-top
   from rollouts_jax.models import SUPPORTED_MODEL_TYPES  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import rl_step  # pylint: disable=g-import-not-at-top
   m = cfg.model
-  if m.init not in ("sft", "hf", "random"):
-    raise ValueError(f"model.init must be 'sft', 'hf' or 'random', got {m.init!r}.")
+  _one_of(m.init, ("sft", "hf", "random"), "model.init")
   if m.init == "hf":
     if not m.hf_path:
       raise ValueError("model.init='hf' needs model.hf_path, a local folder in Hugging Face layout.")
@@ -229,31 +315,103 @@ def validate(cfg: ExperimentConfig) -> None:
   elif m.model_type not in SUPPORTED_MODEL_TYPES:
     raise ValueError(f"Unsupported model.model_type {m.model_type!r}; supported: "
                      f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
-  if m.dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"model.dtype must be float32 or bfloat16, got {m.dtype!r}.")
-  if cfg.rl.prompts_per_step % cfg.rl.num_minibatches:
-    raise ValueError(f"rl.prompts_per_step {cfg.rl.prompts_per_step} must be divisible by rl.num_minibatches "
-                     f"{cfg.rl.num_minibatches}.")
-  rows = cfg.rl.prompts_per_step * cfg.rl.num_samples // cfg.rl.num_minibatches
-  if cfg.rl.micro_batch_size and rows % cfg.rl.micro_batch_size:
-    raise ValueError(f"Minibatch rows {rows} (prompts_per_step * num_samples / num_minibatches) must be "
-                     f"divisible by rl.micro_batch_size {cfg.rl.micro_batch_size}.")
-  if cfg.rl.loss_kind not in ("ppo_clip", "gspo", "cispo"):
-    raise ValueError(f"rl.loss_kind must be ppo_clip, gspo or cispo, got {cfg.rl.loss_kind!r}.")
-  if cfg.data.template not in ("plain", "chat"):
-    raise ValueError(f"data.template must be 'plain' or 'chat', got {cfg.data.template!r}.")
-  if cfg.rl.fp4_rollouts not in ("", "nvfp4", "mxfp4"):
-    raise ValueError(f"rl.fp4_rollouts must be '', 'nvfp4' or 'mxfp4', got {cfg.rl.fp4_rollouts!r}.")
-  if cfg.rl.sol_pool_size and cfg.rl.sol_pool_size < cfg.rl.num_samples:
-    raise ValueError(f"rl.sol_pool_size {cfg.rl.sol_pool_size} must be >= rl.num_samples {cfg.rl.num_samples}.")
-  if cfg.rl.sol_select not in ("contrastive", "deviation", "random"):
-    raise ValueError(f"rl.sol_select must be contrastive, deviation or random, got {cfg.rl.sol_select!r}.")
-  if cfg.data.task not in ("arithmetic", "countdown"):
-    from rollouts_jax.data import benchmarks  # pylint: disable=g-import-not-at-top
-    benchmarks.benchmark_file(cfg.data.task, "test", cfg.data.manual_dir or None)  # names the missing file
-  if cfg.tokenizer.kind not in ("char", "sentencepiece", "hf"):
-    raise ValueError(f"tokenizer.kind must be char, sentencepiece or hf, got {cfg.tokenizer.kind!r}.")
+  _one_of(m.dtype, ("float32", "bfloat16"), "model.dtype")
+  for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+    _positive(getattr(m, key), f"model.{key}")
+  if m.num_heads % m.num_kv_heads:
+    raise ValueError(f"model.num_heads {m.num_heads} must be a multiple of model.num_kv_heads {m.num_kv_heads}.")
+  _one_of(cfg.tokenizer.kind, ("char", "sentencepiece", "hf"), "tokenizer.kind")
+  _one_of(cfg.data.template, ("plain", "chat"), "data.template")
+  task = tasks.get(cfg.data.task, key="data.task")
+  task.check_config(cfg.data)
+  _positive(cfg.data.max_prompt_len, "data.max_prompt_len")
+  for key in ("steps", "batch_size"):
+    _positive(getattr(cfg.sft, key), f"sft.{key}")
+  _positive(cfg.sft.learning_rate, "sft.learning_rate")
 
+  ro = cfg.rollout
+  _positive(ro.num_samples, "rollout.num_samples")
+  _positive(ro.max_new_tokens, "rollout.max_new_tokens")
+  _positive(ro.temperature, "rollout.temperature")
+  _positive(ro.top_k, "rollout.top_k", allow_zero=True)
+  _positive(ro.sample_chunk, "rollout.sample_chunk", allow_zero=True)
+  if not 0.0 < ro.top_p <= 1.0:
+    raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
+  _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
+  if ro.fp4_pool_size and ro.fp4_pool_size < ro.num_samples:
+    raise ValueError(f"rollout.fp4_pool_size {ro.fp4_pool_size} must be >= rollout.num_samples {ro.num_samples}.")
+  if ro.fp4_pool_size and not ro.fp4:
+    raise ValueError("rollout.fp4_pool_size needs rollout.fp4 ('nvfp4' or 'mxfp4').")
+
+  rw = cfg.reward
+  spec = rewards.parse_reward_spec(rw.name, key="reward.name")
+  for term, _ in spec:
+    if term == "co_reward" and not task.can_rewrite:
+      raise ValueError(f"reward.name uses co_reward, which needs a second view of each question; task "
+                       f"{cfg.data.task!r} has no label-preserving rewrite (arithmetic and countdown do).")
+  _positive(rw.timeout_s, "reward.timeout_s")
+  _positive(rw.num_workers, "reward.num_workers", allow_zero=True)
+  _positive(rw.overlong_buffer, "reward.overlong_buffer", allow_zero=True)
+  if rw.overlong_buffer >= ro.max_new_tokens:
+    raise ValueError(f"reward.overlong_buffer {rw.overlong_buffer} must be < rollout.max_new_tokens "
+                     f"{ro.max_new_tokens}.")
+  _one_of(rw.clusters, ("strategy", "answer"), "reward.clusters")
+  if not 0.0 <= rw.dare_alpha <= 1.0:
+    raise ValueError(f"Config key reward.dare_alpha must be in [0, 1], got {rw.dare_alpha}.")
+  _positive(rw.ref_samples, "reward.ref_samples", allow_zero=True)
+  _positive(rw.ref_refresh, "reward.ref_refresh", allow_zero=True)
+
+  c = cfg.control
+  control.get(c.name, key="control.name")
+  control.check_kwargs(c.name, parse_kwargs(c.kwargs, "control.kwargs"), key="control.kwargs")
+  _positive(c.prompts_per_step, "control.prompts_per_step")
+  _positive(c.max_refills, "control.max_refills", allow_zero=True)
+  _one_of(c.subset, control.SUBSET_MODES, "control.subset")
+
+  rp = cfg.replay
+  replay.get(rp.name, key="replay.name")
+  _positive(rp.capacity, "replay.capacity")
+  _positive(rp.max_staleness, "replay.max_staleness", allow_zero=True)
+  if rp.name != "none" and rp.capacity < c.prompts_per_step:
+    raise ValueError(f"replay.capacity {rp.capacity} must be >= control.prompts_per_step {c.prompts_per_step}.")
+
+  rl = cfg.rl
+  _positive(rl.steps, "rl.steps")
+  transform = rl_step.advantage_transform(rl)  # names the recipe or a bad keyword argument
+  del transform
+  _one_of(rl.loss_kind, losses.KINDS, "rl.loss_kind")
+  _one_of(rl.agg, losses.AGG_MODES, "rl.agg")
+  _one_of(rl.kl_kind, losses.KL_KINDS, "rl.kl_kind")
+  for key in ("clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef", "tis_cap", "weight_decay",
+              "grad_clip", "warmup_steps", "micro_batch_size"):
+    _positive(getattr(rl, key), f"rl.{key}", allow_zero=True)
+  if rl.dual_clip and rl.dual_clip <= 1.0:
+    raise ValueError(f"Config key rl.dual_clip must be 0 (off) or > 1, got {rl.dual_clip}.")
+  for key in ("ppo_epochs", "num_minibatches", "learning_rate", "adam_eps"):
+    _positive(getattr(rl, key), f"rl.{key}")
+  if c.prompts_per_step % rl.num_minibatches:
+    raise ValueError(f"control.prompts_per_step {c.prompts_per_step} must be divisible by rl.num_minibatches "
+                     f"{rl.num_minibatches}.")
+  rows = c.prompts_per_step * ro.num_samples // rl.num_minibatches
+  if rl.micro_batch_size and rows % rl.micro_batch_size:
+    raise ValueError(f"Minibatch rows {rows} (control.prompts_per_step * rollout.num_samples / rl.num_minibatches)"
+                     f" must be divisible by rl.micro_batch_size {rl.micro_batch_size}.")
+  if rl.advantage.startswith("uniqueness") and rw.clusters == "strategy" and not task.has_strategies:
+    raise ValueError(f"rl.advantage={rl.advantage!r} with reward.clusters='strategy' needs a task with solution "
+                     f"strategies (countdown); task {cfg.data.task!r} has none: set reward.clusters='answer'.")
+  if "reference_anchor" in rl.advantage or rl.advantage == "pvpo":
+    if not rw.ref_samples:
+      raise ValueError(f"rl.advantage={rl.advantage!r} needs reference rewards: set reward.ref_samples > 0.")
+  _positive(cfg.max_nonfinite_steps, "max_nonfinite_steps")
+  for key in ("every", "num_examples", "batch_size", "k"):
+    _positive(getattr(cfg.eval, key), f"eval.{key}", allow_zero=key == "every")
+  _positive(cfg.checkpoint.every, "checkpoint.every")
+  _positive(cfg.checkpoint.keep, "checkpoint.keep")
+
+
+# ----------------------------------------------------------------------------------------------
+# Config files
+# ----------------------------------------------------------------------------------------------
 
 def base_config_dict():
   """An `ml_collections.ConfigDict` holding every key with its default (configs start here).
@@ -269,6 +427,23 @@ def base_config_dict():
   return config
 
 
+def parse_config_arg(arg: str | None, allowed: tuple[str, ...] = ("smoke",)) -> set[str]:
+  """The comma-separated words of a config argument (`default.py:smoke`), each checked.
+
+  >>> sorted(parse_config_arg("smoke"))
+  ['smoke']
+  >>> parse_config_arg("smok")
+  Traceback (most recent call last):
+  ...
+  ValueError: Unknown config argument 'smok'; this config accepts: smoke.
+  """
+  words = {w.strip() for w in (arg or "").split(",") if w.strip()}
+  for w in words:
+    if w not in allowed:
+      raise ValueError(f"Unknown config argument {w!r}; this config accepts: {', '.join(allowed) or 'none'}.")
+  return words
+
+
 def apply_smoke(config):
   """Shrinks a config so that a warm start and one RL step run in seconds (the `smoke` variant)."""
   config.data.num_train = 256
@@ -279,11 +454,14 @@ def apply_smoke(config):
   config.sft.steps = 5
   config.sft.batch_size = 8
   config.rl.steps = 1
-  config.rl.prompts_per_step = 4
+  config.control.prompts_per_step = 4
   config.rl.num_minibatches = 1
   config.rl.micro_batch_size = 0
-  config.rl.num_samples = min(config.rl.num_samples, 5)
-  config.rl.max_new_tokens = min(config.rl.max_new_tokens, 16)
+  config.rollout.num_samples = min(config.rollout.num_samples, 5)
+  config.rollout.max_new_tokens = min(config.rollout.max_new_tokens, 16)
+  config.reward.ref_samples = min(config.reward.ref_samples, 2)
+  config.reward.num_workers = 0
+  config.replay.capacity = min(config.replay.capacity, 8)
   config.eval.num_examples = 8
   config.eval.k = 2
   config.eval.batch_size = 8

@@ -1,6 +1,11 @@
-"""The RL update as one jitted function: (train state, rollouts) -> (train state, metrics).
+"""The RL update as one jitted function: (train state, rollout batch) -> (train state, metrics).
 
-Advantages come from the configured transform chain over rewards [B, N]; the policy loss
+Its static arguments are the model config and the update settings (`RLConfig`, the
+sampling temperature and the generation budget) and nothing else, so a setting that only
+the loop reads never recompiles it.
+
+Advantages come from the configured transform chain over rewards [B, N] (with every extra
+the batch carries: cluster ids, sequence log-probs, reference rewards); the policy loss
 runs over micro-batches of rows (so large N fits), gradients are accumulated per
 minibatch, and each minibatch is one optimizer update; `ppo_epochs` passes are made
 over the batch. A non-finite loss or gradient skips the update (params and optimizer
@@ -20,7 +25,8 @@ import optax
 from rollouts_jax import advantages as advantages_lib
 from rollouts_jax import losses, models
 from rollouts_jax.models import ModelConfig, Params
-from rollouts_jax.training.config import RLConfig
+from rollouts_jax.sampling.batch import RolloutBatch
+from rollouts_jax.training.config import RLConfig, parse_kwargs
 
 _SEQ_MODES = ("seq-mean-token-sum", "seq-mean-token-mean")
 
@@ -32,17 +38,8 @@ class TrainState:
   opt_state: Any
 
 
-@flax.struct.dataclass
-class Rollouts:
-  """One batch of grouped rollouts (B prompts, N samples, prompt length P, T new tokens)."""
-  prompt_ids: jax.Array         # int32 [B, P], left-padded
-  prompt_mask: jax.Array        # bool [B, P]
-  completion_ids: jax.Array     # int32 [B, N, T]
-  completion_mask: jax.Array    # bool [B, N, T]
-  rollout_logprobs: jax.Array   # float32 [B, N, T] under the sampling distribution
-  rewards: jax.Array            # float32 [B, N]
-  group_mask: jax.Array         # bool [B, N]; False for padding groups (dynamic sampling)
-  cluster_ids: jax.Array        # int32 [B, N]; strategy clusters (uniqueness recipes), else 0
+# The batch type of the update is the pipeline's one rollout batch.
+Rollouts = RolloutBatch
 
 
 def make_optimizer(learning_rate: float, total_updates: int, warmup_steps: int = 0,
@@ -79,31 +76,25 @@ def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainS
 
 
 def advantage_transform(rl: RLConfig) -> advantages_lib.AdvantageTransform:
-  """The named advantage recipe of the config."""
-  recipe = getattr(advantages_lib, rl.advantage, None)
-  if recipe is None or rl.advantage.startswith("_") or not callable(recipe):
-    raise ValueError(f"Unknown advantage recipe {rl.advantage!r}; try grpo, dr_grpo, rloo, mc_grpo, "
-                     "uniqueness_grpo.")
-  return recipe()
+  """The named advantage recipe of the config with its keyword arguments (`rl.advantage_kwargs`)."""
+  if rl.advantage not in advantages_lib.RECIPES:
+    raise ValueError(f"Config key rl.advantage: unknown advantage recipe {rl.advantage!r}; known: "
+                     f"{', '.join(advantages_lib.RECIPES)}.")
+  kwargs = parse_kwargs(rl.advantage_kwargs, "rl.advantage_kwargs")
+  try:
+    return getattr(advantages_lib, rl.advantage)(**kwargs)
+  except TypeError as e:
+    raise ValueError(f"Config key rl.advantage_kwargs={rl.advantage_kwargs!r} does not fit recipe "
+                     f"{rl.advantage!r}: {e}") from None
 
 
 def completion_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array, mask_RxL: jax.Array,
-                        prompt_len: int):
-  """Log-probs and entropies of tokens [prompt_len:] given everything before them.
-
-  Returns:
-    (logprobs [R, T], entropy [R, T]) with T = L - prompt_len.
-  """
-  hidden = models.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
-  logits_RxTxV = models.unembed(cfg, params, hidden[:, prompt_len - 1:-1])
-  logp = jax.nn.log_softmax(logits_RxTxV, axis=-1)
-  targets = tokens_RxL[:, prompt_len:]
-  lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-  ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-  return lp, ent
+                        prompt_len: int, temperature: float = 1.0):
+  """Log-probs and entropies of tokens [prompt_len:] (see `models.token_logprobs`)."""
+  return models.token_logprobs(cfg, params, tokens_RxL, mask_RxL, prompt_len, temperature=temperature)
 
 
-def _rows(r: Rollouts):
+def _rows(r: RolloutBatch):
   """Flattens [B, N] groups into R = B * N rows of prompt + completion."""
   B, N, T = r.completion_ids.shape
   P = r.prompt_ids.shape[1]
@@ -126,25 +117,42 @@ def _split(x, n):
   return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
 
-def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro):
+def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro, temperature):
   def body(_, xs):
-    lp, _ = completion_logprobs(cfg, params, xs[0], xs[1], P)
+    lp, _ = completion_logprobs(cfg, params, xs[0], xs[1], P, temperature)
     return None, lp
   _, lp = jax.lax.scan(body, None, (_split(tokens, n_micro), _split(attn, n_micro)))
   return jax.lax.stop_gradient(lp.reshape((-1,) + lp.shape[2:]))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "rl"), donate_argnums=(0,))
-def rl_step(state: TrainState, rollouts: Rollouts, ref_params: Params | None, *, cfg: ModelConfig,
-            rl: RLConfig) -> tuple[TrainState, dict[str, jax.Array]]:
+def _advantage_extras(rollouts: RolloutBatch) -> dict[str, Any]:
+  extra = {}
+  for name in ("cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask"):
+    if getattr(rollouts, name) is not None:
+      extra[name] = getattr(rollouts, name)
+  return extra
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "rl", "temperature", "max_len"), donate_argnums=(0,))
+def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None, *, cfg: ModelConfig,
+            rl: RLConfig, temperature: float = 1.0, max_len: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
   """One RL update on a batch of rollouts.
+
+  The PPO ratio is taken against `rollouts.old_logprobs` when the batch has them (Sol-RL's
+  full-precision recomputation, replayed groups); else against the policy before this update
+  (exactly the current one when there is a single update per step, so no extra forward).
+  With `rl.tis_cap > 0`, each token's loss is weighted by min(exp(old - behaviour), cap), the
+  truncated importance correction for the behaviour policy (an FP4 explorer, a stale policy).
 
   Args:
     state: the train state (donated).
     rollouts: the batch, grouped [B, N].
     ref_params: reference policy for the KL penalty (None when rl.kl_coef == 0).
     cfg: model configuration (static).
-    rl: RL configuration (static).
+    rl: the update settings (static).
+    temperature: the sampling temperature; training log-probs use the same one (static).
+    max_len: the generation budget, the constant divisor of "seq-mean-token-sum-norm"
+      (static; 0: the batch width).
   Returns:
     (new state, metrics): scalars averaged over the updates of this step.
   """
@@ -153,31 +161,32 @@ def rl_step(state: TrainState, rollouts: Rollouts, ref_params: Params | None, *,
   R = B * N
   # The constant divisor of "seq-mean-token-sum-norm" is the generation budget, not the
   # (possibly trimmed) width of this batch.
-  max_len = max(T, rl.max_new_tokens)
+  max_len = max(T, max_len)
   adv_BxN, sample_mask_BxN = advantages_lib.apply(
-      advantage_transform(rl), rollouts.rewards, mask=rollouts.group_mask,
-      cluster_ids=rollouts.cluster_ids)
+      advantage_transform(rl), rollouts.rewards, mask=rollouts.sample_mask, **_advantage_extras(rollouts))
   tokens, attn, P = _rows(rollouts)
   adv_R = adv_BxN.reshape(R)
   loss_mask_RxT = rollouts.completion_mask.reshape(R, T) & sample_mask_BxN.reshape(R, 1)
-  rollout_lp = rollouts.rollout_logprobs.reshape(R, T)
+  rollout_lp = rollouts.behaviour_logprobs.reshape(R, T)
   M = rl.num_minibatches
   rows_per_mb = R // M
   micro = rl.micro_batch_size or rows_per_mb
   n_micro = rows_per_mb // micro
   one_update = rl.ppo_epochs * M == 1
-  if one_update:
+  if rollouts.old_logprobs is not None:
+    old_lp = rollouts.old_logprobs.reshape(R, T)
+  elif one_update:
     old_lp = None  # the policy that sampled is the one being updated: ratio 1 by construction
   else:
-    old_lp = _no_grad_logprobs(cfg, state.params, tokens, attn, P, R // micro)
+    old_lp = _no_grad_logprobs(cfg, state.params, tokens, attn, P, R // micro, temperature)
   ref_lp = None
   if rl.kl_coef > 0:
     if ref_params is None:
       raise ValueError("rl.kl_coef > 0 needs ref_params.")
-    ref_lp = _no_grad_logprobs(cfg, ref_params, tokens, attn, P, R // micro)
+    ref_lp = _no_grad_logprobs(cfg, ref_params, tokens, attn, P, R // micro, temperature)
 
   def micro_loss(params, mb, totals):
-    lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P)
+    lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature)
     old = jax.lax.stop_gradient(lp) if mb.get("old") is None else mb["old"]
     pg, m = losses.policy_loss(
         lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low, clip_high=rl.clip_high,
@@ -240,7 +249,7 @@ def rl_step(state: TrainState, rollouts: Rollouts, ref_params: Params | None, *,
   stacked = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *all_metrics)
   metrics = {k: (jnp.max(v) if k in ("ratio_max", "nonfinite") else jnp.min(v) if k == "ratio_min"
                  else jnp.mean(v)) for k, v in stacked.items()}
-  valid = rollouts.group_mask
+  valid = rollouts.sample_mask
   metrics["advantage_abs_mean"] = jnp.sum(jnp.abs(adv_BxN) * sample_mask_BxN) / jnp.maximum(
       jnp.sum(sample_mask_BxN), 1)
   metrics["tokens_in_loss"] = jnp.sum(loss_mask_RxT).astype(jnp.float32)

@@ -193,33 +193,22 @@ def test_recompute_under_the_sampling_params_reproduces_the_sampler():
     sol_rl.recompute_logprobs(CFG, PARAMS, ids, mask, out, CONF, num_chunks=5)
 
 
-def test_two_stage_sample_trains_on_the_selected_extremes():
+def test_recompute_batch_sets_the_trainers_logprobs_and_keeps_the_explorers():
+  """Sol-RL's stage 2 on a RolloutBatch: old log-probs = the trainer's tempered full-precision ones."""
+  from rollouts_jax.training import rl_step as rl
   ids, mask = _prompts()
   fp4_params = models.quantize_params(CFG, PARAMS, "nvfp4", implementation="xla")
-  conf = CONF.replace(num_samples=6)
-  seen = {}
-
-  def reward_fn(pool):  # a deterministic score of each completion: its token sum mod 7
-    seen["pool"] = pool
-    return np.asarray(jnp.sum(pool.completion_ids, axis=-1) % 7, np.float32)
-
-  sub, r, stats = sol_rl.two_stage_sample(CFG, PARAMS, fp4_params, ids, mask, jax.random.key(3), conf, 4,
-                                          reward_fn, "contrastive")
-  pool = seen["pool"]
-  pool_r = reward_fn(pool)
-  idx = sol_rl.select_subset(pool_r, 4, completion_ids=np.asarray(pool.completion_ids))
-  np.testing.assert_array_equal(sub.completion_ids, sol_rl.gather_samples(pool, idx).completion_ids)
-  np.testing.assert_array_equal(r, np.take_along_axis(pool_r, idx, axis=1))
-  assert r.shape == (3, 4) and sub.completion_ids.shape == (3, 4, conf.max_new_tokens)
-  # The subset's rewards are the pool's extremes: its best beats or ties every other sample.
-  assert np.all(r[:, 0] == pool_r.max(axis=1))
-  full, _ = sol_rl.recompute_logprobs(CFG, PARAMS, ids, mask, sol_rl.gather_samples(pool, idx), conf)
-  np.testing.assert_allclose(sub.policy_logprobs, full.policy_logprobs, atol=1e-6)
-  assert stats["pool_reward_mean"] == pytest.approx(float(pool_r.mean()))
-  assert stats["subset_reward_mean"] == pytest.approx(float(r.mean()))
-  assert 1 <= stats["pool_distinct_per_prompt"] <= 6 and stats["fp4_logprob_gap"] > 0
-  with pytest.raises(ValueError, match="k=7"):
-    sol_rl.two_stage_sample(CFG, PARAMS, fp4_params, ids, mask, jax.random.key(3), conf, 7, reward_fn)
-  with pytest.raises(ValueError, match=r"\[B, M\]"):
-    sol_rl.two_stage_sample(CFG, PARAMS, fp4_params, ids, mask, jax.random.key(3), conf, 4,
-                            lambda pool: np.zeros((3, 5)))
+  conf = CONF.replace(top_k=0)
+  out = sampling.sample(CFG, fp4_params, ids, mask, jax.random.key(4), conf)
+  P = sampling.bucket_length(ids.shape[1], conf.prompt_buckets)
+  ids, mask = sampling.left_pad_to(ids, mask, P, 0)
+  batch = sampling.from_samples(ids, mask, out, prompt_index=np.arange(3), policy_version=0)
+  full, stats = sol_rl.recompute_batch(CFG, PARAMS, batch, temperature=conf.temperature, num_chunks=3)
+  np.testing.assert_array_equal(full.behaviour_logprobs, batch.behaviour_logprobs)  # the explorer's, kept
+  tokens, attn, P = rl._rows(batch)
+  lp, _ = rl.completion_logprobs(CFG, PARAMS, tokens, attn, P, temperature=conf.temperature)
+  m = np.asarray(batch.completion_mask)
+  np.testing.assert_allclose(full.old_logprobs, np.where(m, np.asarray(lp).reshape(m.shape), 0), atol=1e-5)
+  assert stats["fp4_logprob_gap"] > 0
+  with pytest.raises(ValueError, match="num_chunks"):
+    sol_rl.recompute_batch(CFG, PARAMS, batch, num_chunks=5)

@@ -278,8 +278,9 @@ def library_rollouts():
       prompt_ids=jnp.asarray(np.where(pmask, rng.integers(1, 128, (Bp, P)), 0), jnp.int32),
       prompt_mask=jnp.asarray(pmask), completion_ids=jnp.asarray(rng.integers(1, 128, (Bp, N, T)), jnp.int32),
       completion_mask=jnp.asarray(np.arange(T)[None, None] < rng.integers(1, T + 1, (Bp, N))[..., None]),
-      rollout_logprobs=jnp.zeros((Bp, N, T)), rewards=jnp.asarray(rng.integers(0, 2, (Bp, N)), jnp.float32),
-      group_mask=jnp.ones((Bp, N), bool), cluster_ids=jnp.zeros((Bp, N), jnp.int32))
+      behaviour_logprobs=jnp.zeros((Bp, N, T)), policy_version=jnp.zeros((Bp, N, T), jnp.int32),
+      rewards=jnp.asarray(rng.integers(0, 2, (Bp, N)), jnp.float32),
+      sample_mask=jnp.ones((Bp, N), bool), prompt_index=jnp.arange(Bp, dtype=jnp.int32))
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 2), (8, 1, 1)])
@@ -315,7 +316,7 @@ def test_training_loop_with_separate_rollout_mesh(tmp_path, monkeypatch):
   exp = config_lib.from_config_dict(cd)
   train_examples, _ = loop.load_task(exp)
   cfg, params, _ = loop.load_policy(exp, train_examples)
-  placement = loop._Placement(exp, cfg)
+  placement = loop.Placement(exp.mesh, cfg)
   trained = placement.params(params)
   handed = placement.rollout_params(trained)
   train_devices = {d.id for x in jax.tree.leaves(trained) for d in x.sharding.device_set}

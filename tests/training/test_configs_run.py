@@ -52,5 +52,5 @@ def test_smoke_config_runs_one_step(name, tmp_path, monkeypatch):
   step_rows = [r for r in rows if "grad_norm" in r]
   assert len(step_rows) == exp.rl.steps
   assert np.isfinite(step_rows[0]["grad_norm"]) and step_rows[0]["nonfinite"] == 0.0
-  if exp.rl.fp4_rollouts:
+  if exp.rollout.fp4:
     assert "sol/out_of_support_frac" in step_rows[0]

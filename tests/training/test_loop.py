@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from rollouts_jax import rewards
 from rollouts_jax.training import config as config_lib
 from rollouts_jax.training import loop
 from rollouts_jax.training.metrics import read_jsonl
@@ -24,15 +25,17 @@ def cache(tmp_path_factory):
   mp.undo()
 
 
-def _smoke(**rl):
-  cd = config_lib.load_config_file(REPO / "configs" / "default.py", "smoke")
-  for k, v in rl.items():
-    setattr(cd.rl, k, v)
+def _smoke(name="default", **overrides):
+  """The smoke variant of a config; overrides like `rl__steps=3` or `control__name="uniform"`."""
+  cd = config_lib.load_config_file(REPO / "configs" / f"{name}.py", "smoke")
+  for k, v in overrides.items():
+    section, key = k.split("__")
+    setattr(getattr(cd, section), key, v)
   return config_lib.from_config_dict(cd)
 
 
 def test_killed_run_resumes_to_the_same_params(cache, tmp_path):
-  exp = _smoke(steps=3)
+  exp = _smoke(rl__steps=3)
   full = loop.train(exp, tmp_path / "full", progress=False)
   stopped = loop.train(dataclasses.replace(exp, stop_after_step=2), tmp_path / "killed", progress=False)
   assert stopped["stopped_at"] == 2
@@ -51,14 +54,14 @@ def test_killed_run_resumes_to_the_same_params(cache, tmp_path):
 
 
 def test_nonfinite_updates_stop_the_run(cache, tmp_path, monkeypatch):
-  exp = _smoke(steps=5, max_nonfinite_steps=2)
-  real = loop.score
+  exp = dataclasses.replace(_smoke(rl__steps=5), max_nonfinite_steps=2)
+  real = rewards.GroupScorer.__call__
 
-  def nan_scores(exp_, texts, refs):
-    r, stats = real(exp_, texts, refs)
-    return np.full_like(r, np.nan), stats
+  def nan_scores(self, texts, refs=None, **kw):
+    r, info = real(self, texts, refs, **kw)
+    return np.full_like(r, np.nan), info
 
-  monkeypatch.setattr(loop, "score", nan_scores)
+  monkeypatch.setattr(rewards.GroupScorer, "__call__", nan_scores)
   with pytest.raises(loop.TrainingStopped, match="2 consecutive non-finite"):
     loop.train(exp, tmp_path, progress=False)
   rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "nonfinite" in r]

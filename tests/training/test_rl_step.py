@@ -27,9 +27,9 @@ def _rollouts(B=4, N=4, P=5, T=6, seed=0):
       prompt_mask=jnp.asarray(pmask),
       completion_ids=jnp.asarray(rng.integers(3, 24, (B, N, T)), jnp.int32),
       completion_mask=jnp.asarray(cmask),
-      rollout_logprobs=jnp.zeros((B, N, T)),
+      behaviour_logprobs=jnp.zeros((B, N, T)), policy_version=jnp.zeros((B, N, T), jnp.int32),
       rewards=jnp.asarray(rng.integers(0, 2, (B, N)), jnp.float32),
-      group_mask=jnp.ones((B, N), bool), cluster_ids=jnp.zeros((B, N), jnp.int32))
+      sample_mask=jnp.ones((B, N), bool), prompt_index=jnp.arange(B, dtype=jnp.int32))
 
 
 def _state(rlc, seed=0):
@@ -61,12 +61,12 @@ def test_micro_batching_is_exact(agg):
 def test_trimming_padding_columns_leaves_the_update_unchanged(agg):
   # The loop cuts completions to the longest one kept; the update must not notice, including
   # Dr. GRPO's constant divisor, which is the generation budget and not the batch width.
-  base = RLConfig(steps=5, learning_rate=1e-2, warmup_steps=0, agg=agg, max_new_tokens=10)
+  base = RLConfig(steps=5, learning_rate=1e-2, warmup_steps=0, agg=agg)
   r = _rollouts(T=6)
   wide = r.replace(**{f: jnp.pad(getattr(r, f), ((0, 0), (0, 0), (0, 4)))
-                      for f in ("completion_ids", "completion_mask", "rollout_logprobs")})
-  s_wide, m_wide = rl.rl_step(_state(base), wide, None, cfg=CFG, rl=base)
-  s_trim, m_trim = rl.rl_step(_state(base), r, None, cfg=CFG, rl=base)
+                      for f in ("completion_ids", "completion_mask", "behaviour_logprobs", "policy_version")})
+  s_wide, m_wide = rl.rl_step(_state(base), wide, None, cfg=CFG, rl=base, max_len=10)
+  s_trim, m_trim = rl.rl_step(_state(base), r, None, cfg=CFG, rl=base, max_len=10)
   mu = lambda s: optax.tree_utils.tree_get(s.opt_state, "mu")
   scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(mu(s_wide)))
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=1e-4),
@@ -140,8 +140,14 @@ def test_mc_grpo_pivot_carries_no_gradient():
 
 
 def test_unknown_recipe_is_named():
-  with pytest.raises(ValueError, match="Unknown advantage recipe 'nope'"):
+  with pytest.raises(ValueError, match="rl.advantage: unknown advantage recipe 'nope'"):
     rl.advantage_transform(RLConfig(advantage="nope"))
+  with pytest.raises(ValueError, match="rl.advantage_kwargs.*alhpa"):
+    rl.advantage_transform(RLConfig(advantage="uniqueness_grpo", advantage_kwargs="alhpa=1.0"))
+  t = rl.advantage_transform(RLConfig(advantage="mc_grpo", advantage_kwargs="mad_fallback=False,eps=1e-3,compensate=True"))
+  ref = rl.advantages_lib.mc_grpo(mad_fallback=False, eps=1e-3, compensate=True)
+  r = jnp.array([[1., 1., 1., 0., 1.]])
+  np.testing.assert_array_equal(rl.advantages_lib.apply(t, r)[0], rl.advantages_lib.apply(ref, r)[0])
 
 
 def test_frozen_parameters_do_not_move():
@@ -151,3 +157,53 @@ def test_frozen_parameters_do_not_move():
   state, _ = rl.rl_step(state, _rollouts(seed=2), None, cfg=CFG, rl=conf)
   np.testing.assert_array_equal(before["embed"], np.asarray(state.params["embed"]))
   assert not np.array_equal(before["layers"]["q"], np.asarray(state.params["layers"]["q"]))
+
+
+def test_loop_only_settings_do_not_recompile_the_update():
+  """The update's static arguments hold only update settings: a config that differs in loop-only
+  settings (evaluation, checkpoints, prompt selection, dynamic sampling, replay, rewards) reuses it."""
+  from rollouts_jax.training import config as config_lib
+  a = config_lib.from_config_dict({"rl": {"steps": 5}})
+  b = config_lib.from_config_dict({"rl": {"steps": 5}, "eval": {"every": 3, "num_examples": 7},
+                                   "checkpoint": {"every": 2}, "control": {"dynamic_sampling": True, "max_refills": 5},
+                                   "replay": {"name": "fifo"}, "reward": {"name": "ttrl", "timeout_s": 1.0}})
+  state = _state(a.rl)
+  state, _ = rl.rl_step(state, _rollouts(seed=0), None, cfg=CFG, rl=a.rl)
+  n = rl.rl_step._cache_size()
+  state, _ = rl.rl_step(state, _rollouts(seed=1), None, cfg=CFG, rl=b.rl)
+  assert rl.rl_step._cache_size() == n
+  c = config_lib.from_config_dict({"rl": {"steps": 5, "clip_high": 0.28}})
+  state, _ = rl.rl_step(state, _rollouts(seed=1), None, cfg=CFG, rl=c.rl)
+  assert rl.rl_step._cache_size() == n + 1  # an update setting does recompile
+
+
+def test_training_logprobs_use_the_sampling_temperature():
+  """At T != 1 the trainer's log-probs of sampled tokens equal the sampler's (so the first ratio is 1)."""
+  from rollouts_jax import sampling
+  params = models.init_params(CFG, jax.random.key(3))
+  ids = jnp.asarray(np.random.default_rng(0).integers(3, 24, (2, 5)), jnp.int32)
+  mask = jnp.ones((2, 5), bool)
+  conf = sampling.SamplingConfig(num_samples=3, max_new_tokens=6, temperature=0.6, prompt_buckets=())
+  out = sampling.sample(CFG, params, ids, mask, jax.random.key(1), conf)
+  batch = sampling.from_samples(ids, mask, out, prompt_index=np.arange(2), policy_version=0)
+  tokens, attn, P = rl._rows(batch)
+  lp, _ = rl.completion_logprobs(CFG, params, tokens, attn, P, temperature=0.6)
+  m = np.asarray(out.completion_mask).reshape(lp.shape)
+  np.testing.assert_allclose(np.where(m, lp, 0), np.asarray(out.logprobs).reshape(lp.shape), atol=2e-5)
+  lp1, _ = rl.completion_logprobs(CFG, params, tokens, attn, P)
+  assert np.abs(np.where(m, lp1, 0) - np.asarray(out.logprobs).reshape(lp.shape)).max() > 1e-2
+
+
+def test_old_logprobs_of_the_batch_set_the_ratio_and_tis_weights_the_behaviour_gap():
+  conf = RLConfig(steps=5, learning_rate=1e-2, warmup_steps=0, tis_cap=2.0)
+  r = _rollouts(seed=4)
+  state = _state(conf)
+  tokens, attn, P = rl._rows(r)
+  lp, _ = rl.completion_logprobs(CFG, state.params, tokens, attn, P)
+  B, N, T = r.completion_ids.shape
+  same = r.replace(old_logprobs=lp.reshape(B, N, T), behaviour_logprobs=lp.reshape(B, N, T))
+  shifted = same.replace(old_logprobs=same.old_logprobs - 0.5)   # a stale policy: ratios exp(0.5)
+  _, m_same = rl.rl_step(_state(conf), same, None, cfg=CFG, rl=conf)
+  _, m_shift = rl.rl_step(_state(conf), shifted, None, cfg=CFG, rl=conf)
+  assert float(m_same["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
+  assert float(m_shift["ratio_min"]) == pytest.approx(np.exp(0.5), rel=1e-4)

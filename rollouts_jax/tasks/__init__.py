@@ -1,0 +1,13 @@
+"""A `Task` per dataset: loading, prompt format, reference, answer extraction, default reward.
+
+>>> from rollouts_jax import tasks
+>>> t = tasks.get("arithmetic")
+>>> t.extract("... <answer>936</answer>"), t.reward("... <answer>936</answer>", "936")
+('936', 1.0)
+"""
+
+from rollouts_jax.tasks.base import (Arithmetic, Countdown, Gsm8k, MathBoxed, Task, cache_root,
+                                     canonical_expression, get, majority_answer, names, task_reward)
+
+__all__ = ["Arithmetic", "Countdown", "Gsm8k", "MathBoxed", "Task", "cache_root", "canonical_expression", "get",
+           "majority_answer", "names", "task_reward"]

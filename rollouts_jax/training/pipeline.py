@@ -1,0 +1,381 @@
+"""The rollout pipeline: one step's GENERATE -> FILTER -> CONTROL -> REPLAY, composed from built stages.
+
+`RolloutPipeline` is built once by `loop.train` from the config's sections (each stage from
+its own) and holds no hidden state: everything that changes from step to step (the
+selector's per-prompt statistics, the replay buffer, cached reference rewards) lives in a
+`PipelineState` pytree that the loop checkpoints next to the train state, so a killed run
+resumes bitwise.
+
+One step (`collect`):
+  1. CONTROL selects B prompts and their budgets (`selector.select`).
+  2. GENERATE samples N completions each (or an FP4 pool that CONTROL narrows to N,
+     Sol-RL), into a `RolloutBatch`.
+  3. FILTER scores them (verifiers in a grader pool and/or label-free group rewards).
+  4. Dynamic sampling (a CONTROL group filter) refills until B informative groups or the
+     refill budget; surplus informative groups go to the REPLAY buffer, whose stored groups
+     are offered first the next step.
+  5. The selector learns from every generated group (`selector.update`); the batch gets the
+     extras its advantage recipe reads (clusters, sequence log-probs, reference rewards).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Optional, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rollouts_jax import control, losses, models, replay, rewards, sampling, tasks
+from rollouts_jax.advantages import clustering
+from rollouts_jax.sampling import sol_rl
+from rollouts_jax.sampling.batch import RolloutBatch
+from rollouts_jax.training.evaluation import Prompter, decode_completions
+
+log = logging.getLogger(__name__)
+
+
+@flax.struct.dataclass
+class RefRewards:
+  """Cached reference-policy rewards per prompt (PVPO's static anchor)."""
+  rewards: jax.Array     # float32 [num_prompts, M]
+  step: jax.Array        # int32 [num_prompts]: the step they were computed at (-1: never)
+
+
+@flax.struct.dataclass
+class PipelineState:
+  control: Any
+  replay: Any = None
+  ref: Any = None
+
+
+@dataclasses.dataclass
+class RolloutPipeline:
+  """The built stages of one experiment (see the module docstring).
+
+  Attributes:
+    cfg: model configuration.
+    prompter: formats and pads prompts of the task.
+    examples: the training prompts' examples (label fields unread by label-free rewards).
+    sampling_config: GENERATE's settings (N = num_samples).
+    scorer: FILTER (a `rewards.GroupScorer`).
+    selector: CONTROL's prompt selector.
+    batch_size: B, groups per update.
+    dynamic_sampling, max_refills: the DAPO group filter and its generation budget.
+    fp4, fp4_pool_size, subset: Sol-RL's explorer format, pool size and subset mode.
+    buffer: REPLAY's buffer (None: off).
+    max_staleness: replayed groups older than this many updates are dropped.
+    clusters: "strategy" or "answer" cluster ids for uniqueness recipes (None: not needed).
+    ref_samples, ref_refresh: PVPO reference rollouts per prompt and their refresh period.
+    overlong_buffer: DAPO soft overlong punishment (0: off).
+    seed: the run's seed.
+  """
+  cfg: models.ModelConfig
+  prompter: Prompter
+  examples: Sequence[dict]
+  sampling_config: sampling.SamplingConfig
+  scorer: rewards.GroupScorer
+  selector: control.PromptSelector
+  batch_size: int
+  dynamic_sampling: bool = False
+  max_refills: int = 0
+  fp4: str = ""
+  fp4_pool_size: int = 0
+  subset: str = "contrastive"
+  buffer: Optional[replay.RolloutBuffer] = None
+  max_staleness: int = 4
+  clusters: Optional[str] = None
+  needs_seq_logprobs: bool = False
+  ref_samples: int = 0
+  ref_refresh: int = 0
+  overlong_buffer: int = 0
+  seed: int = 0
+
+  @property
+  def task(self) -> tasks.Task:
+    return self.prompter.task
+
+  @property
+  def num_samples(self) -> int:
+    return self.sampling_config.num_samples
+
+  # -- state -------------------------------------------------------------------------------------
+  def init_state(self) -> PipelineState:
+    buf = None
+    if self.buffer is not None:
+      buf = self.buffer.init()
+    ref = None
+    if self.ref_samples:
+      n = len(self.examples)
+      ref = RefRewards(rewards=jnp.zeros((n, self.ref_samples), jnp.float32), step=jnp.full((n,), -1, jnp.int32))
+    return PipelineState(control=self.selector.init(), replay=buf, ref=ref)
+
+  def buffer_example(self) -> RolloutBatch:
+    """The group shape stored in the replay buffer (prompts padded to max_prompt_len's bucket)."""
+    P = sampling.bucket_length(self.prompter.max_prompt_len, self.prompter.buckets)
+    ex = RolloutBatch.empty(1, self.num_samples, P, self.sampling_config.max_new_tokens)
+    extras = {"entropy": np.zeros(ex.completion_ids.shape, np.float32)}
+    if self.fp4:
+      extras["old_logprobs"] = np.zeros(ex.completion_ids.shape, np.float32)
+    return ex.replace(**extras)
+
+  # -- one step ----------------------------------------------------------------------------------
+  def collect(self, state: PipelineState, params, step: int, key: jax.Array, *, ref_params=None
+              ) -> tuple[RolloutBatch, PipelineState, dict[str, float]]:
+    """One step's batch of B groups, the new pipeline state and the step's rollout metrics."""
+    B, N = self.batch_size, self.num_samples
+    stats = _Stats()
+    ctl = state.control
+    parts: list[RolloutBatch] = []
+    replayed = 0
+    buf_state = state.replay
+    if self.buffer is not None:
+      got, buf_state = self.buffer.sample(buf_state, jax.random.fold_in(key, 7), B, version=step)
+      got = jax.device_get(got)
+      replayed = int(np.any(got.sample_mask, axis=1).sum())
+      if replayed:
+        parts.append(got.take(np.flatnonzero(np.any(got.sample_mask, axis=1))))
+    refill = 0
+    while True:
+      plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B)
+      part = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats)
+      n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
+      ctl = self.selector.update(ctl, plan, part.rewards[:n], part.sample_mask[:n],
+                                 entropy_BxN=_mean_entropy(part)[:n], lengths_BxN=np.asarray(part.lengths)[:n])
+      parts.append(part)
+      if not self.dynamic_sampling:
+        break
+      informative = sum(int(np.asarray(control.informative(p.rewards, p.sample_mask)).sum()) for p in parts)
+      if informative >= B:
+        break
+      if refill >= self.max_refills:
+        log.info("Step %d: dynamic sampling gave up after %d refills with %d of %d informative groups.",
+                 step + 1, refill, informative, B)
+        stats.add("dynamic_sampling_gave_up", 1.0)
+        break
+      refill += 1
+    batch = parts[0] if len(parts) == 1 else sampling.concat(parts)
+    if self.dynamic_sampling or self.buffer is not None:
+      keep, ok = control.dynamic_sampling(batch.rewards, B, batch.sample_mask) if self.dynamic_sampling else (
+          np.arange(B), np.ones((B,), bool))
+      keep, ok = np.asarray(keep), np.asarray(ok)
+      if self.buffer is not None:
+        surplus = np.setdiff1d(np.flatnonzero(np.asarray(control.informative(batch.rewards, batch.sample_mask))),
+                               keep)
+        if surplus.size:
+          store = _pad_for_buffer(batch.take(surplus), self.buffer_example())
+          for i in range(0, store.prompt_ids.shape[0], B):
+            buf_state = self.buffer.add(buf_state, store.take(np.arange(i, min(i + B, store.prompt_ids.shape[0]))))
+        stats.add("replay/stored", float(surplus.size))
+      sampled = batch
+      batch = batch.take(keep)
+      batch = batch.replace(sample_mask=batch.sample_mask & ok[:, None])
+    else:
+      sampled = batch
+    if self.buffer is not None and batch.old_logprobs is None:
+      # Replayed groups were sampled by older policies: the ratio is taken against the
+      # behaviour log-probs of every group (for fresh ones they equal the current policy's).
+      batch = batch.replace(old_logprobs=batch.behaviour_logprobs)
+    batch = self._extras(batch, stats)
+    ref_state = state.ref
+    if self.ref_samples:
+      batch, ref_state = self._reference(batch, ref_state, ref_params, step, key, stats)
+    # The update runs on completions cut to the longest one kept (rounded up to a multiple of 8,
+    # so few shapes compile): positions past every row's end carry no loss, only compute.
+    lengths = np.asarray(batch.lengths)
+    width = min(batch.completion_ids.shape[-1], max(8, -(-int(lengths.max(initial=0)) // 8) * 8))
+    batch = batch.trim(width)
+    info = stats.summary()
+    r, live = np.asarray(batch.rewards), np.asarray(batch.sample_mask)
+    ent = np.asarray(batch.entropy) if batch.entropy is not None else np.zeros(batch.completion_ids.shape)
+    m = np.asarray(batch.completion_mask) & live[..., None]
+    info.update({
+        "reward_mean": float(r[live].mean()) if live.any() else 0.0,
+        "reward_std": float(r[live].std()) if live.any() else 0.0,
+        # Over every group sampled this step, before any filter (equal to reward_mean without one).
+        "reward_mean_sampled": float(np.asarray(sampled.rewards)[np.asarray(sampled.sample_mask)].mean()),
+        "accuracy": float((r[live] >= 1.0).mean()) if live.any() else 0.0,
+        "response_length": float(lengths[live].mean()) if live.any() else 0.0,
+        "entropy": float((ent * m).sum() / max(m.sum(), 1)),
+        "informative_groups": float(np.asarray(control.informative(batch.rewards, batch.sample_mask)).mean()),
+        "refills": float(refill), "replay/used": float(replayed),
+        "rollouts": float(stats.get("rollouts")),
+    })
+    return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state), info
+
+  # -- stages ------------------------------------------------------------------------------------
+  def _sample(self, params, ids, mask, key, conf):
+    return jax.device_get(sampling.sample(self.cfg, params, ids, mask, key, conf))
+
+  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats") -> RolloutBatch:
+    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups."""
+    idx = np.asarray(plan.indices)
+    examples = [self.examples[int(i)] for i in idx]
+    ids, mask = self.prompter(examples)
+    N = self.num_samples
+    t0 = time.perf_counter()
+    if self.fp4:
+      M = self.fp4_pool_size or N
+      params_fp4 = models.quantize_params(self.cfg, params, self.fp4)
+      out = self._sample(params_fp4, ids, mask, key, self.sampling_config.replace(num_samples=M))
+      pool = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=step)
+      stats.add("time/sample", time.perf_counter() - t0)
+      pool_r, info = self._score(pool, examples, stats)
+      pool = pool.replace(rewards=pool_r)
+      sel = control.select_subset(pool_r, N, self.subset, key=jax.random.fold_in(key, 1),
+                                  completion_ids=pool.completion_ids)
+      batch = pool.take_samples(sel)
+      batch, gap = sol_rl.recompute_batch(self.cfg, params, batch, temperature=self.sampling_config.temperature)
+      ids_pool = np.asarray(pool.completion_ids)
+      stats.add("sol/pool_reward_mean", float(pool_r.mean()))
+      stats.add("sol/subset_reward_mean", float(np.asarray(batch.rewards).mean()))
+      stats.add("sol/pool_distinct_per_prompt", float(np.mean([np.unique(ids_pool[b], axis=0).shape[0]
+                                                               for b in range(len(idx))])))
+      stats.add("sol/fp4_logprob_gap", gap["fp4_logprob_gap"])
+      stats.add("rollouts", float(M * len(idx)))
+      stats.add("generated_tokens", float(np.asarray(pool.lengths).sum()))
+    else:
+      out = self._sample(params, ids, mask, key, self.sampling_config)
+      batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=step)
+      stats.add("time/sample", time.perf_counter() - t0)
+      second = None
+      if self.scorer.needs_second_view:
+        views = [self.task.rewrite(ex, self.seed) for ex in examples]
+        vids, vmask = self.prompter(views)
+        vout = self._sample(params, vids, vmask, jax.random.fold_in(key, 2), self.sampling_config)
+        second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=step)
+      r, info = self._score(batch, examples, stats, second_view=second)
+      batch = batch.replace(rewards=r)
+      stats.add("rollouts", float(N * len(idx)))
+      stats.add("generated_tokens", float(np.asarray(batch.lengths).sum()))
+      if second is not None:
+        second = second.replace(rewards=info["second_view_rewards"])
+        stats.add("rollouts", float(N * len(idx)))
+        stats.add("generated_tokens", float(np.asarray(second.lengths).sum()))
+        batch = sampling.concat([batch, second])
+    budget_mask = np.asarray(plan.sample_mask(N))
+    if batch.prompt_ids.shape[0] != budget_mask.shape[0]:   # two views: both follow the plan's budget
+      budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))
+    return batch.replace(sample_mask=batch.sample_mask & budget_mask)
+
+  def _score(self, batch: RolloutBatch, examples, stats: "_Stats", second_view: RolloutBatch | None = None):
+    """FILTER: rewards [B, N] of a batch (references read only when the reward needs labels)."""
+    t0 = time.perf_counter()
+    texts = decode_completions(self.prompter.tokenizer, np.asarray(batch.completion_ids),
+                               np.asarray(batch.completion_mask))
+    refs = [self.task.reference(ex) for ex in examples] if self.scorer.needs_labels else None
+    second = None
+    if second_view is not None:
+      second = decode_completions(self.prompter.tokenizer, np.asarray(second_view.completion_ids),
+                                  np.asarray(second_view.completion_mask))
+    r, info = self.scorer(texts, refs, entropy_BxN=_mean_entropy(batch), second_view=second)
+    if self.overlong_buffer:
+      r = r + np.asarray(losses.overlong_penalty(np.asarray(batch.lengths), max_len=self.sampling_config.max_new_tokens,
+                                                 cache_len=self.overlong_buffer))
+      if "second_view_rewards" in info:
+        info["second_view_rewards"] = info["second_view_rewards"] + np.asarray(losses.overlong_penalty(
+            np.asarray(second_view.lengths), max_len=self.sampling_config.max_new_tokens,
+            cache_len=self.overlong_buffer))
+    stats.add("time/score", time.perf_counter() - t0)
+    stats.add("grader_failures", float(info["failures"]))
+    for k, v in info.items():
+      if k.startswith("reward/"):
+        stats.mean(k, v)
+    stats.texts = texts
+    stats.answers = info["answers"]
+    return np.asarray(r, np.float32), info
+
+  def _extras(self, batch: RolloutBatch, stats: "_Stats") -> RolloutBatch:
+    """The extra inputs the advantage recipe reads."""
+    extras = {}
+    if self.needs_seq_logprobs:
+      m = np.asarray(batch.completion_mask)
+      lp = np.asarray(batch.behaviour_logprobs)
+      extras["seq_logprobs"] = ((lp * m).sum(-1) / np.maximum(m.sum(-1), 1)).astype(np.float32)
+    if self.clusters:
+      texts = decode_completions(self.prompter.tokenizer, np.asarray(batch.completion_ids),
+                                 np.asarray(batch.completion_mask))
+      if self.clusters == "strategy":
+        keys = [[self.task.strategy(t) for t in row] for row in texts]
+      else:
+        keys = [[self.task.extract(t) for t in row] for row in texts]
+      extras["cluster_ids"] = np.asarray(clustering.cluster_by_answer(keys, normalize=lambda x: x), np.int32)
+      ids = extras["cluster_ids"]
+      stats.add("clusters_per_group", float(np.mean([len(set(row)) for row in ids.tolist()])))
+    return batch.replace(**extras) if extras else batch
+
+  def _reference(self, batch: RolloutBatch, ref: RefRewards, ref_params, step: int, key, stats):
+    """PVPO: reference-policy rewards of the batch's prompts, computed once per prompt (or per refresh)."""
+    idx = np.asarray(batch.prompt_index)
+    cached_step = np.asarray(ref.step)[np.maximum(idx, 0)]
+    stale = (idx >= 0) & ((cached_step < 0) | (self.ref_refresh > 0) & (step - cached_step >= self.ref_refresh))
+    todo = np.unique(idx[stale])
+    table, steps = np.asarray(ref.rewards).copy(), np.asarray(ref.step).copy()
+    if todo.size:
+      examples = [self.examples[int(i)] for i in todo]
+      ids, mask = self.prompter(examples)
+      conf = self.sampling_config.replace(num_samples=self.ref_samples)
+      out = self._sample(ref_params, ids, mask, jax.random.fold_in(key, 3), conf)
+      rb = sampling.from_samples(ids, mask, out, prompt_index=todo, policy_version=0)
+      r, _ = self._score(rb, examples, _Stats())
+      table[todo], steps[todo] = r, step
+      stats.add("ref/rollouts", float(self.ref_samples * todo.size))
+    ref_rewards = table[np.maximum(idx, 0)]
+    ref_mask = np.repeat((idx >= 0)[:, None], self.ref_samples, axis=1)
+    stats.add("ref/reward_mean", float(ref_rewards[idx >= 0].mean()) if (idx >= 0).any() else 0.0)
+    return (batch.replace(ref_rewards=ref_rewards.astype(np.float32), ref_mask=ref_mask),
+            RefRewards(rewards=jnp.asarray(table), step=jnp.asarray(steps)))
+
+
+class _Stats:
+  """Sums (and means) of a step's rollout metrics."""
+
+  def __init__(self):
+    self.sums: dict[str, float] = {}
+    self.means: dict[str, list[float]] = {}
+    self.texts, self.answers = None, None
+
+  def add(self, key, value):
+    self.sums[key] = self.sums.get(key, 0.0) + float(value)
+
+  def mean(self, key, value):
+    self.means.setdefault(key, []).append(float(value))
+
+  def get(self, key):
+    return self.sums.get(key, 0.0)
+
+  def summary(self) -> dict[str, float]:
+    out = dict(self.sums)
+    out.update({k: float(np.mean(v)) for k, v in self.means.items()})
+    for k in ("time/sample", "time/score", "grader_failures", "generated_tokens"):
+      out.setdefault(k, 0.0)
+    return out
+
+
+def _mean_entropy(batch: RolloutBatch) -> np.ndarray:
+  """float32 [B, N]: each sample's mean token entropy (0 for empty samples)."""
+  if batch.entropy is None:
+    return np.zeros(np.asarray(batch.rewards).shape, np.float32)
+  m = np.asarray(batch.completion_mask)
+  return ((np.asarray(batch.entropy) * m).sum(-1) / np.maximum(m.sum(-1), 1)).astype(np.float32)
+
+
+def _pad_for_buffer(batch: RolloutBatch, example: RolloutBatch) -> RolloutBatch:
+  """`batch` padded (prompts on the left, completions on the right) to the buffer's group shape."""
+  P, T = example.prompt_ids.shape[1], example.completion_ids.shape[2]
+  p, t = P - batch.prompt_ids.shape[1], T - batch.completion_ids.shape[2]
+  if p < 0 or t < 0:
+    raise ValueError(f"A batch of prompt length {batch.prompt_ids.shape[1]} does not fit the buffer's {P}.")
+  tok = lambda x: None if x is None else np.pad(np.asarray(x), ((0, 0), (0, 0), (0, t)))
+  fields = {f: tok(getattr(batch, f)) for f in ("completion_ids", "completion_mask", "behaviour_logprobs",
+                                                  "policy_version", "old_logprobs", "entropy")}
+  if fields["old_logprobs"] is None and example.old_logprobs is not None:
+    fields["old_logprobs"] = fields["behaviour_logprobs"]
+  return batch.replace(prompt_ids=np.pad(np.asarray(batch.prompt_ids), ((0, 0), (p, 0))),
+                       prompt_mask=np.pad(np.asarray(batch.prompt_mask), ((0, 0), (p, 0))),
+                       cluster_ids=None, seq_logprobs=None, ref_rewards=None, ref_mask=None, **fields)
+

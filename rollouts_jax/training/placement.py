@@ -1,0 +1,60 @@
+"""Where params, optimizer state and batches live: one device, or meshes with logical-axis rules."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import jax
+import numpy as np
+
+from rollouts_jax import models
+from rollouts_jax.training.config import MeshConfig
+from rollouts_jax.training.rl_step import TrainState
+
+log = logging.getLogger(__name__)
+
+
+class Placement:
+  """Where params, optimizer state and batches live: one device, or meshes with logical rules.
+
+  With `mesh.rollout_shape`, training and rollouts run on disjoint device blocks and the
+  policy is handed off (resharded) to the rollout mesh before each generation.
+  """
+
+  def __init__(self, mesh: MeshConfig, cfg: models.ModelConfig):
+    from rollouts_jax import sharding  # pylint: disable=g-import-not-at-top
+    self.sharding, self.cfg = sharding, cfg
+    shape = tuple(mesh.shape)
+    self.active = int(np.prod(shape)) != 1 or bool(mesh.rollout_shape)
+    if self.active:
+      self.roles = sharding.RolloutTrainMeshes.create(sharding.MeshConfig(
+          shape, mesh.preset, tuple(mesh.rollout_shape) or None, mesh.rollout_preset or None))
+      self.mesh = self.roles.train_mesh
+      self.param_shardings = self.roles.train_shardings(cfg)
+      log.info("Training mesh: %s", sharding.describe(self.mesh))
+      if self.roles.separate:
+        log.info("Rollout mesh: %s", sharding.describe(self.roles.rollout_mesh))
+
+  def state(self, state: TrainState) -> TrainState:
+    """The train state placed on the training mesh (params sharded by the rules, step replicated)."""
+    if not self.active:
+      return state
+    params = self.sharding.shard_params(state.params, self.param_shardings)
+    opt_shardings = self.sharding.tree_shardings_like(state.opt_state, self.param_shardings, state.params)
+    opt_state = jax.tree_util.tree_map(jax.device_put, state.opt_state, opt_shardings)
+    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    return TrainState(step=jax.device_put(state.step, replicated), params=params, opt_state=opt_state)
+
+  def params(self, params):
+    return self.sharding.shard_params(params, self.param_shardings) if self.active else params
+
+  def rollout_params(self, params):
+    """The policy as the sampler sees it (a copy on the rollout mesh when roles are separate)."""
+    return self.roles.to_rollout(self.cfg, params) if self.active and self.roles.separate else params
+
+  def batch(self, rollouts):
+    return self.sharding.shard_batch(rollouts, self.mesh) if self.active else rollouts
+
+  def rollout_context(self):
+    return self.roles.rollout_context() if self.active else contextlib.nullcontext()

@@ -1,0 +1,114 @@
+"""The initial policy: a tokenizer and a model from a local HF checkpoint, a random init or an SFT warm start.
+
+Warm starts are cached by a hash of everything that changes them and reused by later runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from rollouts_jax import data as data_lib
+from rollouts_jax import models, tasks
+from rollouts_jax.training.config import DataConfig, ModelSectionConfig, SFTConfig, TokenizerConfig
+from rollouts_jax.training.sft import tokenize_pairs, train_sft
+
+log = logging.getLogger(__name__)
+
+
+def prompt_instruction(task: tasks.Task, tokenizer_cfg: TokenizerConfig) -> bool:
+  """Whether prompts carry the answer instruction (a char-level model on a synthetic task sees the bare question)."""
+  return not (task.synthetic and tokenizer_cfg.kind == "char")
+
+
+def model_config(m: ModelSectionConfig, tokenizer) -> models.ModelConfig:
+  return models.ModelConfig(
+      model_type=m.model_type, vocab_size=tokenizer.vocab_size, hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads, rope_theta=m.rope_theta, tie_word_embeddings=m.tie_word_embeddings,
+      qkv_bias=m.model_type == "qwen2", qk_norm=m.model_type == "qwen3", remat=m.remat,
+      eos_token_ids=(tokenizer.eos_id,), pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.bos_id,
+      max_position_embeddings=1024)
+
+
+def make_tokenizer(tok: TokenizerConfig, m: ModelSectionConfig):
+  if tok.kind == "char":
+    return data_lib.CharTokenizer.load(tok.path) if tok.path else data_lib.CharTokenizer.default()
+  if tok.path:
+    return data_lib.load_tokenizer(tok.path)
+  if tok.kind == "hf" and m.hf_path:
+    return data_lib.HFTokenizer.from_dir(m.hf_path)
+  raise ValueError(f"Config key tokenizer.kind={tok.kind!r} needs tokenizer.path (or model.hf_path for 'hf').")
+
+
+def warm_start_key(data: DataConfig, tok: TokenizerConfig, m: ModelSectionConfig, sft: SFTConfig, seed: int) -> str:
+  """A hash of everything that changes the warm start (not where files live, not logging)."""
+  parts = {"data": dataclasses.asdict(data), "tokenizer": dataclasses.asdict(tok), "model": dataclasses.asdict(m),
+           "sft": {k: v for k, v in dataclasses.asdict(sft).items() if k not in ("cache_dir", "log_every")},
+           "seed": seed}
+  for k in ("data_dir", "manual_dir"):
+    parts["data"].pop(k)
+  return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_start(task: tasks.Task, train_examples: Sequence[dict], *, data: DataConfig, tok: TokenizerConfig,
+               m: ModelSectionConfig, sft: SFTConfig, seed: int, log_fn: Callable[[int, dict], None] | None = None):
+  """Returns (cfg, params, tokenizer, folder), running SFT unless a cached warm start matches."""
+  root = pathlib.Path(sft.cache_dir) if sft.cache_dir else tasks.cache_root() / "warmstart"
+  key = warm_start_key(data, tok, m, sft, seed)
+  folder = root / f"{data.task}-{key}"
+  dtype = jnp.dtype(m.dtype)
+  if (folder / "done.json").exists():
+    log.info("Reusing warm start %s", folder)
+    tokenizer = data_lib.load_tokenizer(folder / "tokenizer.json")
+    cfg, params = models.load_hf_checkpoint(folder, dtype=dtype)
+    return cfg.replace(remat=m.remat), params, tokenizer, folder
+  tokenizer = make_tokenizer(tok, m)
+  cfg = model_config(m, tokenizer)
+  params = models.init_params(cfg, jax.random.key(seed), dtype)
+  instruction = prompt_instruction(task, tok)
+  prompts = [task.prompt(ex, tokenizer, data.template, instruction=instruction) for ex in train_examples]
+  completions = [task.completion(ex) for ex in train_examples]
+  tokens, attn, loss_mask = tokenize_pairs(prompts, completions, tokenizer)
+  log.info("SFT warm start: %d examples of %d tokens, %d steps", len(train_examples), tokens.shape[1], sft.steps)
+  t0 = time.time()
+  params = train_sft(cfg, params, tokens, attn, loss_mask, steps=sft.steps, batch_size=sft.batch_size,
+                     learning_rate=sft.learning_rate, warmup_steps=sft.warmup_steps,
+                     weight_decay=sft.weight_decay, grad_clip=sft.grad_clip, seed=seed,
+                     log_fn=log_fn, log_every=sft.log_every)
+  root.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+  models.save_hf_checkpoint(tmp, cfg, params)
+  if isinstance(tokenizer, data_lib.CharTokenizer):
+    tokenizer.save(tmp / "tokenizer.json")
+  (tmp / "done.json").write_text(json.dumps({"sft_seconds": time.time() - t0, "key": key}))
+  if folder.exists():
+    shutil.rmtree(folder)
+  tmp.rename(folder)
+  return cfg, params, tokenizer, folder
+
+
+def load_policy(task: tasks.Task, train_examples: Sequence[dict], *, data: DataConfig, tok: TokenizerConfig,
+                m: ModelSectionConfig, sft: SFTConfig, seed: int, log_fn=None) -> tuple[Any, Any, Any]:
+  """(cfg, params, tokenizer) of the configured initial policy."""
+  dtype = jnp.dtype(m.dtype)
+  if m.init == "hf":
+    cfg, params = models.load_hf_checkpoint(m.hf_path, dtype=dtype)
+    return cfg.replace(remat=m.remat), params, make_tokenizer(tok, m)
+  if m.init == "random":
+    tokenizer = make_tokenizer(tok, m)
+    cfg = model_config(m, tokenizer)
+    return cfg, models.init_params(cfg, jax.random.key(seed), dtype), tokenizer
+  cfg, params, tokenizer, _ = warm_start(task, train_examples, data=data, tok=tok, m=m, sft=sft, seed=seed,
+                                         log_fn=log_fn)
+  return cfg, params, tokenizer

@@ -54,7 +54,14 @@ class Placement:
     return self.roles.to_rollout(self.cfg, params) if self.active and self.roles.separate else params
 
   def batch(self, rollouts):
-    return self.sharding.shard_batch(rollouts, self.mesh) if self.active else rollouts
+    """The batch on the training mesh. Every process builds the same global batch (the pipeline
+    is deterministic in the step's key), so each passes its own rows to `shard_batch`."""
+    if not self.active:
+      return rollouts
+    if jax.process_count() > 1:
+      rows = self.sharding.process_batch_slice(rollouts.prompt_ids.shape[0])
+      rollouts = jax.tree_util.tree_map(lambda x: x[rows], rollouts)
+    return self.sharding.shard_batch(rollouts, self.mesh)
 
   def rollout_context(self):
     return self.roles.rollout_context() if self.active else contextlib.nullcontext()

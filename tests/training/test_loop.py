@@ -34,8 +34,24 @@ def _smoke(name="default", **overrides):
   return config_lib.from_config_dict(cd)
 
 
-def test_killed_run_resumes_to_the_same_params(cache, tmp_path):
-  exp = _smoke(rl__steps=3)
+def _text_hash_rewards(self, texts, refs=None, **kw):
+  """Rewards that are a fixed function of each completion's text (so groups of a random policy
+  differ, dynamic sampling keeps a surplus and the replay buffer fills)."""
+  import zlib
+  h = lambda t: zlib.crc32(t.encode()) % 2
+  # About half of the groups are informative, so dynamic sampling refills and keeps a surplus.
+  r = np.asarray([[h(row[0]) * h(t + "!") for t in row] for row in texts], np.float32)
+  return r, {"answers": [[None] * len(row) for row in texts], "failures": 0}
+
+
+@pytest.mark.parametrize("name", ["default", "countdown_dapo_replay"])
+def test_killed_run_resumes_to_the_same_params(name, cache, tmp_path, monkeypatch):
+  # countdown_dapo_replay: the checkpoint also holds the selector's position and a non-empty
+  # replay buffer, which decide the batches after the restart.
+  exp = _smoke(name, rl__steps=3)
+  if name != "default":
+    exp = dataclasses.replace(exp, control=dataclasses.replace(exp.control, max_refills=1))
+    monkeypatch.setattr(rewards.GroupScorer, "__call__", _text_hash_rewards)
   full = loop.train(exp, tmp_path / "full", progress=False)
   stopped = loop.train(dataclasses.replace(exp, stop_after_step=2), tmp_path / "killed", progress=False)
   assert stopped["stopped_at"] == 2
@@ -46,6 +62,9 @@ def test_killed_run_resumes_to_the_same_params(cache, tmp_path):
   rl_steps = [r["step"] for r in rows if "reward_mean" in r]
   assert rl_steps == [1, 2, 3]  # each step logged once despite the restart
   assert {"before", "after"} <= set(resumed)
+  if name != "default":
+    assert any(r.get("replay/used", 0) > 0 for r in rows)  # the buffer was carried across the kill
+    return
   assert (tmp_path / "full" / "plots").is_dir() and list((tmp_path / "full" / "plots").glob("*.png"))
   assert list((tmp_path / "full" / "tb").glob("events.out.tfevents.*"))
   for key in ("reward_mean", "accuracy", "response_length", "entropy", "grad_norm", "clip_frac_low",

@@ -398,10 +398,10 @@ def prepare(builder: tfds.core.DatasetBuilder, *, rebuild: bool = False,
     raise ValueError(f"manual_dir is only for the benchmark builders, not {builder.name!r}")
   if not rebuild and builder.is_prepared():
     return builder if builder.info.splits else _same_builder(builder)
-  from rollouts_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import filelock  # pylint: disable=g-import-not-at-top
   mode = (tfds.download.GenerateMode.FORCE_REDOWNLOAD if rebuild else
           tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS)
-  with workdir_lib.FileLock(_lock_path(builder), timeout_s=_LOCK_TIMEOUT_S,
+  with filelock.FileLock(_lock_path(builder), timeout_s=_LOCK_TIMEOUT_S,
                             what=f"The build of {builder.name}/{builder.builder_config.name}"):
     if not rebuild and _same_builder(builder).is_prepared():
       return _same_builder(builder)  # another process built it while we waited

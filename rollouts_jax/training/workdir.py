@@ -1,8 +1,8 @@
 """A workdir belongs to one run: a process lock, a config fingerprint, and cross-process builds.
 
-* :class:`FileLock`: an exclusive ``fcntl.flock`` lock on a file. The kernel drops it when the
-  holding process exits, however it dies (``kill -9`` included), so a stale lock of a dead
-  process is simply taken over; the file records the holder's pid and host for messages.
+* :class:`FileLock` (from :mod:`rollouts_jax.filelock`): an exclusive ``fcntl.flock`` lock on a
+  file, dropped by the kernel when the holder exits however it dies (``kill -9`` included), so
+  a stale lock of a dead process is simply taken over.
 * :func:`lock_workdir`: refuses a second training process on the same workdir, naming the
   process that holds it.
 * :func:`atomic_build`: builds a folder once across processes (TFDS datasets, SFT warm
@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
-import fcntl
 import fnmatch
 import hashlib
 import json
@@ -42,10 +40,9 @@ import logging
 import os
 import pathlib
 import shutil
-import socket
-import tempfile
-import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
+
+from rollouts_jax.filelock import FileLock, LockedError, atomic_build  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +67,8 @@ LOOP_ONLY_KEYS: tuple[str, ...] = (
 )
 
 
-class WorkdirLockedError(RuntimeError):
-  """Another live process holds the workdir (or build) lock."""
+#: Another live process holds the workdir (or a build) lock.
+WorkdirLockedError = LockedError
 
 
 class ConfigMismatchError(ValueError):
@@ -89,101 +86,6 @@ class ConfigMismatchError(ValueError):
 # ----------------------------------------------------------------------------------------------
 # Locks
 # ----------------------------------------------------------------------------------------------
-
-def _holder(path: str) -> str:
-  try:
-    info = json.loads(pathlib.Path(path).read_text() or "{}")
-  except (OSError, ValueError):
-    return "another process"
-  return f"process {info.get('pid', '?')} on {info.get('host', '?')} (since {info.get('since', '?')})"
-
-
-class FileLock:
-  """An exclusive cross-process lock on ``path`` (``fcntl.flock``), released on exit or death.
-
-  Args:
-    path: the lock file (created with its folder; never deleted, which keeps flock race-free).
-    timeout_s: how long :meth:`acquire` waits; None waits forever, 0 does not wait.
-    what: what the lock protects, for error messages.
-
-  Locks are per open file: a second :class:`FileLock` on the same path conflicts even within
-  one process. Works on local filesystems (and NFS where the kernel maps flock to NFS locks).
-
-  >>> import tempfile, os
-  >>> with tempfile.TemporaryDirectory() as d:
-  ...   with FileLock(os.path.join(d, "x.lock")):
-  ...     try:
-  ...       FileLock(os.path.join(d, "x.lock"), timeout_s=0).acquire()
-  ...     except WorkdirLockedError as e:
-  ...       print(str(e).split(" (")[0].endswith(f"in use by process {os.getpid()} on {socket.gethostname()}"))
-  True
-  """
-
-  def __init__(self, path: str | os.PathLike, *, timeout_s: float | None = None, what: str | None = None,
-               poll_s: float = 0.1):
-    self.path = os.path.abspath(os.fspath(path))
-    self.timeout_s = timeout_s
-    self.what = what or self.path
-    self.poll_s = poll_s
-    self._fd: int | None = None
-
-  @property
-  def held(self) -> bool:
-    return self._fd is not None
-
-  def acquire(self) -> "FileLock":
-    """Takes the lock, waiting up to ``timeout_s``; raises WorkdirLockedError naming the holder."""
-    if self._fd is not None:
-      return self
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-    try:
-      while True:
-        try:
-          fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-          break
-        except OSError as e:
-          if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            raise
-          if deadline is not None and time.monotonic() >= deadline:
-            raise WorkdirLockedError(
-                f"{self.what} is in use by {_holder(self.path)} (lock file {self.path}). Wait for it "
-                "to finish or stop it; a lock left by a process that died is taken over "
-                "automatically.") from None
-          time.sleep(self.poll_s)
-    except BaseException:
-      os.close(fd)
-      raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                              "since": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                                  timespec="seconds")}).encode(), 0)
-    self._fd = fd
-    return self
-
-  def release(self) -> None:
-    if self._fd is None:
-      return
-    fd, self._fd = self._fd, None
-    try:
-      os.ftruncate(fd, 0)
-      fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-      os.close(fd)
-
-  def __enter__(self) -> "FileLock":
-    return self.acquire()
-
-  def __exit__(self, *exc) -> None:
-    self.release()
-
-  def __del__(self):
-    try:
-      self.release()
-    except Exception:  # pylint: disable=broad-except
-      pass
-
 
 def lock_workdir(workdir: str | os.PathLike, *, timeout_s: float = 0.0) -> FileLock:
   """Takes ``<workdir>/.workdir.lock`` for this process (held until released or exit).
@@ -205,58 +107,6 @@ def lock_workdir(workdir: str | os.PathLike, *, timeout_s: float = 0.0) -> FileL
   os.makedirs(workdir, exist_ok=True)
   return FileLock(os.path.join(workdir, LOCK_FILE), timeout_s=timeout_s,
                   what=f"The workdir {os.path.abspath(workdir)}").acquire()
-
-
-def atomic_build(final: str | os.PathLike, build: Callable[[pathlib.Path], Any], *,
-                 done_file: str | None = None, timeout_s: float | None = None) -> bool:
-  """Builds the folder ``final`` at most once across processes.
-
-  Under a lock next to it, ``build(tmp)`` fills a fresh temporary sibling folder, which is
-  then renamed to ``final``. A process that finds ``final`` complete (and ``done_file`` in it,
-  when given) returns at once; one that waited on the lock re-checks, so concurrent callers
-  all return with ``final`` complete and only one of them built it. A builder that dies
-  leaves only its temporary folder, removed by the next build.
-
-  Args:
-    final: the folder to produce.
-    build: fills the folder it is given (a path in the same parent as ``final``).
-    done_file: a file name whose presence inside ``final`` marks it complete.
-    timeout_s: how long to wait for another builder (None: forever).
-
-  Returns:
-    True if this call built the folder, False if it was already there.
-
-  >>> import tempfile, pathlib
-  >>> with tempfile.TemporaryDirectory() as d:
-  ...   out = pathlib.Path(d, "cache")
-  ...   first = atomic_build(out, lambda tmp: (tmp / "x").write_text("1"))
-  ...   again = atomic_build(out, lambda tmp: (tmp / "x").write_text("2"))
-  ...   first, again, (out / "x").read_text()
-  (True, False, '1')
-  """
-  final = pathlib.Path(final)
-
-  def complete() -> bool:
-    return final.is_dir() and (done_file is None or (final / done_file).exists())
-
-  if complete():
-    return False
-  final.parent.mkdir(parents=True, exist_ok=True)
-  with FileLock(final.parent / f".{final.name}.lock", timeout_s=timeout_s, what=f"The build of {final}"):
-    if complete():
-      return False
-    for stale in final.parent.glob(f".{final.name}.tmp-*"):
-      shutil.rmtree(stale, ignore_errors=True)  # left by a builder that died (we hold the lock)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
-    try:
-      build(tmp)
-      if final.exists():  # incomplete leftovers (no done_file): replace them
-        shutil.rmtree(final)
-      os.rename(tmp, final)
-    except BaseException:
-      shutil.rmtree(tmp, ignore_errors=True)
-      raise
-  return True
 
 
 # ----------------------------------------------------------------------------------------------

@@ -18,27 +18,29 @@ from rollouts_jax.data import benchmarks, builders
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 _PREPARE = textwrap.dedent("""
-    import sys, time, json
+    import os, sys, time, json, pathlib
     from rollouts_jax.data import builders
-    start = float(sys.argv[2])
-    while time.time() < start:  # both processes start preparing at the same moment
+    barrier = pathlib.Path(sys.argv[2])
+    (barrier / str(os.getpid())).touch()
+    while len(list(barrier.iterdir())) < 2:  # both processes start preparing at the same moment
       time.sleep(0.001)
     src = builders.load_dataset("countdown", "train", data_dir=sys.argv[1], difficulty=2,
-                                num_train=3000, num_test=50, seed=7)
+                                num_train=800, num_test=50, seed=7)
     print(json.dumps([len(src), src[0], src[len(src) - 1]]), flush=True)
 """)
 
 
 def test_concurrent_prepare_of_one_dataset_both_succeed(tmp_path):
-  import time
-  start = time.time() + 8.0  # after both interpreters have imported TFDS
+  barrier = tmp_path / "barrier"
+  barrier.mkdir()
   env = {**os.environ, "PYTHONPATH": str(REPO)}
-  procs = [subprocess.Popen([sys.executable, "-c", _PREPARE, str(tmp_path), str(start)], stdout=subprocess.PIPE,
+  procs = [subprocess.Popen([sys.executable, "-c", _PREPARE, str(tmp_path / "tfds"), str(barrier)],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
   outs = [p.communicate(timeout=240) for p in procs]
   assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-1500:] for _, e in outs)
   first, second = (json.loads(o.strip().splitlines()[-1]) for o, _ in outs)
-  assert first == second and first[0] == 3000
+  assert first == second and first[0] == 800
 
 
 def _write_amc(folder: pathlib.Path, answers):

@@ -147,12 +147,12 @@ def test_second_process_on_a_workdir_is_refused_and_a_dead_holder_is_taken_over(
 
 _BUILDER = textwrap.dedent("""
     import os, sys, time
-    from rollouts_jax.training import workdir
+    from rollouts_jax import filelock  # = rollouts_jax.training.workdir.atomic_build, without JAX
     def build(tmp):
       (tmp / "part1").write_text(str(os.getpid()))
       time.sleep(1.0)  # a slow build: the other process arrives meanwhile
       (tmp / "done").write_text("ok")
-    built = workdir.atomic_build(sys.argv[1], build, done_file="done")
+    built = filelock.atomic_build(sys.argv[1], build, done_file="done")
     print("built" if built else "reused", open(os.path.join(sys.argv[1], "part1")).read(), flush=True)
 """)
 

@@ -20,7 +20,9 @@ import numpy as np
 
 from rollouts_jax import models
 from rollouts_jax import sharding
+from rollouts_jax.kernels import decode_attention
 from rollouts_jax.models import ModelConfig, Params
+from rollouts_jax.models import transformer as _tf
 
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -39,12 +41,20 @@ class SamplingConfig:
     greedy: argmax decoding (also implied by temperature == 0).
     eos_id: one id or a tuple of ids that end a completion; None: never stop early.
     pad_id: written after EOS.
-    sample_chunk: samples per prompt decoded at once (0: all N at once). Peak memory
-      grows with B * sample_chunk, not with N.
+    sample_chunk: samples per prompt decoded at once (0: automatic, the most that fit
+      `decode_memory_mb`; see `auto_sample_chunk`). Peak memory grows with
+      B * sample_chunk, not with N. Outputs do not depend on the chunk.
     prompt_buckets: prompts are left-padded to the smallest bucket that fits, so a
       data stream compiles once per bucket. Empty: no bucketing.
     cache_len: total KV-cache slots; default bucketed prompt length + max_new_tokens.
     cache_dtype: KV-cache dtype name (default: the parameter dtype).
+    decode_memory_mb: the budget of the automatic `sample_chunk` for one chunk's decode
+      state (generated keys/values, logits, activations), in MiB.
+    length_segments: decoding attends to its generated tokens through this many growing
+      static views of the cache (one compiled loop each; see `cache_views`).
+    attention_implementation: decode attention, one of
+      `kernels.decode_attention.IMPLEMENTATIONS` ("xla": the cascade form in jnp, the
+      fast one on CPU; "pallas": the kernel, interpreted on CPU).
   """
 
   num_samples: int = 1
@@ -60,6 +70,9 @@ class SamplingConfig:
   prompt_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
   cache_len: int | None = None
   cache_dtype: str | None = None
+  decode_memory_mb: float = 128.0
+  length_segments: int = 4
+  attention_implementation: str = "xla"
 
   def __post_init__(self):
     if isinstance(self.eos_id, (list, tuple)):
@@ -79,6 +92,13 @@ class SamplingConfig:
       raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
     if int(self.sample_chunk) < 0:
       raise ValueError(f"sample_chunk must be >= 0, got {self.sample_chunk}.")
+    if not float(self.decode_memory_mb) > 0:
+      raise ValueError(f"decode_memory_mb must be > 0, got {self.decode_memory_mb}.")
+    if int(self.length_segments) < 1:
+      raise ValueError(f"length_segments must be >= 1, got {self.length_segments}.")
+    if self.attention_implementation not in decode_attention.IMPLEMENTATIONS:
+      raise ValueError(f"attention_implementation must be one of {decode_attention.IMPLEMENTATIONS}, "
+                       f"got {self.attention_implementation!r}.")
 
   @property
   def is_greedy(self) -> bool:
@@ -168,6 +188,32 @@ def process_logits(logits_RxV: jax.Array, config: SamplingConfig) -> jax.Array:
   return logits
 
 
+def _inverse_cdf_draw(u_R: jax.Array, probs_RxV: jax.Array, block: int = 64) -> jax.Array:
+  """One draw per row from `probs` given one uniform number in [0, 1) per row.
+
+  Two levels: the CDF over blocks of `block` tokens picks a block, then the CDF inside
+  that block picks the token (a full-vocabulary cumsum was 60% of the sampling time on
+  XLA:CPU). The uniform is scaled by the row's total mass. A zero-probability token (or
+  block) has the same CDF as the one before it, so the first index whose CDF exceeds u is
+  never one; rounding past a block's last positive token is clamped back to it.
+  """
+  R, V = probs_RxV.shape
+  if V <= 2 * block:
+    block = V
+  pad = (-V) % block
+  p_RxNxB = jnp.pad(probs_RxV, ((0, 0), (0, pad))).reshape(R, -1, block)
+  last_positive = lambda x: x.shape[-1] - 1 - jnp.argmax((x > 0)[..., ::-1], axis=-1)
+  totals_RxN = jnp.sum(p_RxNxB, axis=-1)
+  cdf_RxN = jnp.cumsum(totals_RxN, axis=-1)
+  u_R = u_R * cdf_RxN[:, -1]
+  blk = jnp.minimum(jnp.sum(cdf_RxN <= u_R[:, None], axis=-1), last_positive(totals_RxN))
+  offset = jnp.where(blk > 0, jnp.take_along_axis(cdf_RxN, jnp.maximum(blk - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+  p_RxB = jnp.take_along_axis(p_RxNxB, blk[:, None, None], axis=1)[:, 0]
+  cdf_RxB = offset[:, None] + jnp.cumsum(p_RxB, axis=-1)
+  token = jnp.minimum(jnp.sum(cdf_RxB <= u_R[:, None], axis=-1), last_positive(p_RxB))
+  return (blk * block + token).astype(jnp.int32)
+
+
 def _inverse_cdf_sample(key: jax.Array, probs_RxV: jax.Array) -> jax.Array:
   """One draw per row from `probs` by inverting its CDF.
 
@@ -176,38 +222,50 @@ def _inverse_cdf_sample(key: jax.Array, probs_RxV: jax.Array) -> jax.Array:
   row's total mass, so a zero-probability token (filtered out, or trailing the last
   positive one) is never chosen.
   """
-  cdf_RxV = jnp.cumsum(probs_RxV, axis=-1)
-  u_Rx1 = jax.random.uniform(key, (probs_RxV.shape[0], 1), jnp.float32) * cdf_RxV[:, -1:]
-  # The first index whose CDF exceeds u. A token with p_i = 0 has cdf_i = cdf_{i-1}, so the
-  # index before it is taken first; u rounding up to the total is clamped to the last
-  # positive-probability token.
-  token = jnp.sum(cdf_RxV <= u_Rx1, axis=-1)
-  V = probs_RxV.shape[-1]
-  last_positive = V - 1 - jnp.argmax((probs_RxV > 0)[:, ::-1], axis=-1)
-  return jnp.minimum(token, last_positive).astype(jnp.int32)
+  return _inverse_cdf_draw(jax.random.uniform(key, (probs_RxV.shape[0],), jnp.float32), probs_RxV)
 
 
-def _choose(logits_RxV: jax.Array, key: jax.Array, config: SamplingConfig):
-  """Samples one token per row; returns (token, sampling logprob, policy logprob, entropy)."""
+def _choose_u(logits_RxV: jax.Array, u_R: jax.Array, config: SamplingConfig):
+  """Samples one token per row from uniforms `u_R`; returns (token, sampling lp, policy lp, entropy)."""
   policy_logp = jax.nn.log_softmax(logits_RxV.astype(jnp.float32), axis=-1)
-  entropy = -jnp.sum(jnp.exp(policy_logp) * policy_logp, axis=-1)
+  policy_p = jnp.exp(policy_logp)
+  entropy = -jnp.sum(policy_p * policy_logp, axis=-1)
   if config.is_greedy:
     token = jnp.argmax(policy_logp, axis=-1).astype(jnp.int32)
     sample_lp = jnp.zeros(token.shape, jnp.float32)
   else:
-    processed = process_logits(logits_RxV, config)
-    sample_logp = jax.nn.log_softmax(processed, axis=-1)
-    token = _inverse_cdf_sample(key, jnp.exp(sample_logp))
+    untouched = (config.temperature == 1.0 and not (config.top_k and config.top_k < logits_RxV.shape[-1])
+                 and config.top_p >= 1.0 and config.min_p <= 0.0)
+    if untouched:  # the sampling distribution is the policy: reuse it
+      sample_logp, sample_p = policy_logp, policy_p
+    else:
+      sample_logp = jax.nn.log_softmax(process_logits(logits_RxV, config), axis=-1)
+      sample_p = jnp.exp(sample_logp)
+    token = _inverse_cdf_draw(u_R, sample_p)
     sample_lp = jnp.take_along_axis(sample_logp, token[:, None], axis=-1)[:, 0]
   policy_lp = jnp.take_along_axis(policy_logp, token[:, None], axis=-1)[:, 0]
   return token, sample_lp, policy_lp, entropy
 
 
+def _choose(logits_RxV: jax.Array, key: jax.Array, config: SamplingConfig):
+  """Samples one token per row; returns (token, sampling logprob, policy logprob, entropy)."""
+  return _choose_u(logits_RxV, jax.random.uniform(key, (logits_RxV.shape[0],), jnp.float32), config)
+
+
+def _row_uniforms(row_keys_R: jax.Array, step: jax.Array) -> jax.Array:
+  """One uniform per row, a function of (that row's key, step) only.
+
+  Each sample owns a key (folded from the call's key and its sample index), so what a
+  sample draws does not depend on which chunk it was decoded in, nor on the batch.
+  """
+  return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step), (), jnp.float32))(row_keys_R)
+
+
 @flax.struct.dataclass
 class _DecodeState:
   step: jax.Array            # int32 scalar: next completion position
-  key: jax.Array
-  cache: models.KVCache
+  kt: tuple                   # per layer [R, K, Dh, T]: generated keys (head_dim before slot)
+  v: tuple                    # per layer [R, K, T, Dh]: generated values
   logits_RxV: jax.Array       # logits for the token at `step`
   tokens_RxT: jax.Array
   logprobs_RxT: jax.Array
@@ -217,10 +275,54 @@ class _DecodeState:
   done_R: jax.Array
 
 
-def _sample_step(cfg: ModelConfig, config: SamplingConfig, params: Params, state: _DecodeState) -> _DecodeState:
+@flax.struct.dataclass
+class _Prefix:
+  """What every decoding step reads and never writes.
+
+  The prompts' keys and values are stored once per prompt (never copied per sample).
+  Layers are unrolled over per-layer buffers: carried through a `scan` over layers, a
+  stacked cache was copied at every layer of every step by XLA:CPU (5-10x the step time).
+  """
+  layers: tuple               # per layer: that layer's parameters (sliced once, before decoding)
+  k: tuple                    # per layer [B, K, P, Dh]
+  v: tuple                    # per layer [B, K, P, Dh]
+  mask: jax.Array             # bool [B, P]
+  positions_R: jax.Array      # int32 [R]: rotary position of each row's first generated token
+
+
+def _decode_forward(cfg: ModelConfig, config: SamplingConfig, params: Params, prefix: _Prefix,
+                    state: _DecodeState, token_R: jax.Array, view: int):
+  """Runs one token per row through the model; attends to the prompt and to slots [0, step].
+
+  The generated-token buffers hold `view` slots (the current segment's); only the first
+  `step + 1` are attended.
+  """
+  B = prefix.mask.shape[0]
+  R = token_R.shape[0]
+  n, K, G, Dh = R // B, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
+  step = state.step
+  positions = (prefix.positions_R + step)[:, None]
+  x = _tf._embed(params, token_R[:, None], _tf._activation_dtype(params))  # pylint: disable=protected-access
+  kts, vs = list(state.kt), list(state.v)
+  for l, lp in enumerate(prefix.layers):
+    q, k, v = _tf._qkv(cfg, lp, x, positions)  # pylint: disable=protected-access
+    kts[l] = jax.lax.dynamic_update_slice(kts[l], jnp.transpose(k, (0, 2, 3, 1)).astype(kts[l].dtype),
+                                          (0, 0, 0, step))
+    vs[l] = jax.lax.dynamic_update_slice(vs[l], jnp.transpose(v, (0, 2, 1, 3)).astype(vs[l].dtype),
+                                         (0, 0, step, 0))
+    attn = decode_attention.decode_attention(
+        q.reshape(B, n, K, G, Dh), prefix.k[l].astype(q.dtype), prefix.v[l].astype(q.dtype), prefix.mask,
+        kts[l].astype(q.dtype), vs[l].astype(q.dtype), step + 1,
+        implementation=config.attention_implementation)
+    x = _tf._finish_layer(cfg, lp, x, attn.reshape(R, 1, -1))  # pylint: disable=protected-access
+  return models.unembed(cfg, params, x)[:, 0], tuple(kts), tuple(vs)
+
+
+def _sample_step(cfg: ModelConfig, config: SamplingConfig, params: Params, prefix: _Prefix,
+                 row_keys_R: jax.Array, view: int, state: _DecodeState) -> _DecodeState:
   """One decoding step: choose a token per row, write it, run it through the model."""
-  key, sub = jax.random.split(state.key)
-  token, lp, plp, ent = _choose(state.logits_RxV, sub, config)
+  u = _row_uniforms(row_keys_R, state.step)
+  token, lp, plp, ent = _choose_u(state.logits_RxV, u, config)
   live = ~state.done_R
   token = jnp.where(live, token, config.pad_id)
   zero = jnp.zeros_like(lp)
@@ -228,9 +330,9 @@ def _sample_step(cfg: ModelConfig, config: SamplingConfig, params: Params, state
   done = state.done_R
   if config.eos_ids:
     done = done | jnp.isin(token, jnp.asarray(config.eos_ids, jnp.int32))
-  logits, cache = models.forward_with_cache(cfg, params, token[:, None], state.cache)
+  logits, kt, v = _decode_forward(cfg, config, params, prefix, state, token, view)
   return _DecodeState(
-      step=state.step + 1, key=key, cache=cache, logits_RxV=logits[:, 0],
+      step=state.step + 1, kt=kt, v=v, logits_RxV=logits,
       tokens_RxT=put(state.tokens_RxT, token),
       logprobs_RxT=put(state.logprobs_RxT, jnp.where(live, lp, zero)),
       policy_logprobs_RxT=put(state.policy_logprobs_RxT, jnp.where(live, plp, zero)),
@@ -238,37 +340,110 @@ def _sample_step(cfg: ModelConfig, config: SamplingConfig, params: Params, state
       mask_RxT=put(state.mask_RxT, live), done_R=done)
 
 
-def _decode(cfg, config, params, cache, first_logits_RxV, key) -> _DecodeState:
+def cache_views(max_new_tokens: int, segments: int) -> tuple[int, ...]:
+  """The growing lengths through which decoding attends to its generated tokens.
+
+  Steps `[views[i-1], views[i])` attend to the first `views[i]` generated slots (one
+  compiled loop per view), so attention work follows the filled part of the cache.
+
+  >>> cache_views(128, 4)
+  (32, 64, 96, 128)
+  >>> cache_views(5, 4)
+  (5,)
+  """
+  seg = -(-max_new_tokens // max(int(segments), 1))
+  seg = -(-seg // 8) * 8
+  return tuple(min(max_new_tokens, seg * (i + 1)) for i in range(-(-max_new_tokens // seg)))
+
+
+def _decode(cfg, config, params, prefix: _Prefix, first_logits_RxV, row_keys_R, shard_ctx) -> _DecodeState:
   R, T = first_logits_RxV.shape[0], config.max_new_tokens
+  L, K, Dh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
   zeros = jnp.zeros((R, T), jnp.float32)
+  dtype = prefix.k[0].dtype
+  kt_axes, v_axes = ("batch", "kv_heads", "head_dim", "seq"), ("batch", "kv_heads", "seq", "head_dim")
+  views = cache_views(T, config.length_segments)
   state = _DecodeState(
-      step=jnp.zeros((), jnp.int32), key=key, cache=cache, logits_RxV=first_logits_RxV,
+      step=jnp.zeros((), jnp.int32),
+      kt=tuple(jnp.zeros((R, K, Dh, views[0]), dtype) for _ in range(L)),
+      v=tuple(jnp.zeros((R, K, views[0], Dh), dtype) for _ in range(L)),
+      logits_RxV=first_logits_RxV,
       tokens_RxT=jnp.full((R, T), config.pad_id, jnp.int32), logprobs_RxT=zeros,
       policy_logprobs_RxT=zeros, entropy_RxT=zeros, mask_RxT=jnp.zeros((R, T), bool),
       done_R=jnp.zeros((R,), bool))
-  cond = lambda s: (s.step < T) & ~jnp.all(s.done_R)
-  return jax.lax.while_loop(cond, functools.partial(_sample_step, cfg, config, params), state)
+  for i, view in enumerate(views):
+    if i:
+      # The generated-token cache grows between segments (one copy per segment): attention
+      # inside a segment reads whole buffers, never a slice of a buffer updated in place
+      # (which XLA:CPU answers with a copy of the buffer at every step).
+      grow = view - views[i - 1]
+      state = state.replace(kt=tuple(jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, grow))) for x in state.kt),
+                            v=tuple(jnp.pad(x, ((0, 0), (0, 0), (0, grow), (0, 0))) for x in state.v))
+    state = state.replace(kt=tuple(sharding.constrain(x, kt_axes, shard_ctx) for x in state.kt),
+                          v=tuple(sharding.constrain(x, v_axes, shard_ctx) for x in state.v))
+    cond = lambda s, view=view: (s.step < view) & ~jnp.all(s.done_R)
+    body = functools.partial(_sample_step, cfg, config, params, prefix, row_keys_R, view)
+    state = jax.lax.while_loop(cond, body, state)
+  return state
+
+
+def auto_sample_chunk(cfg: ModelConfig, config: SamplingConfig, batch: int) -> int:
+  """Samples per prompt decoded at once: `config.sample_chunk`, or one that fits the budget.
+
+  With `sample_chunk=0` the chunk is the largest that keeps the per-chunk decode state
+  (generated keys and values, logits and their softmax temporaries, MLP activations and
+  the [rows, T] outputs) within `config.decode_memory_mb`, then evened out so that chunks
+  are equal. Peak memory is then set by the budget, not by `num_samples`.
+
+  >>> cfg = ModelConfig(vocab_size=2048, hidden_size=256, intermediate_size=1024,
+  ...                   num_layers=4, num_heads=8, num_kv_heads=4)
+  >>> auto_sample_chunk(cfg, SamplingConfig(num_samples=256, max_new_tokens=64), batch=2)
+  64
+  >>> auto_sample_chunk(cfg, SamplingConfig(num_samples=256, sample_chunk=16), batch=2)
+  16
+  """
+  N = config.num_samples
+  if config.sample_chunk:
+    return min(config.sample_chunk, N)
+  itemsize = jnp.dtype(config.cache_dtype).itemsize if config.cache_dtype else 4
+  T = config.max_new_tokens
+  per_row = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * T * itemsize
+             + 6 * cfg.vocab_size * 4 + 4 * cfg.intermediate_size * 4 + 6 * T * 4)
+  rows = max(int(config.decode_memory_mb * 2 ** 20) // per_row, 1)
+  chunk = max(min(rows // max(batch, 1), N), 1)
+  num_chunks = -(-N // chunk)
+  return -(-N // num_chunks)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 6))
 def _sample_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask, key,
                 shard_ctx: sharding.ShardingContext | None = None):
   B, P = prompt_ids.shape
-  N, T, n = config.num_samples, config.max_new_tokens, config.chunk
+  N, T = config.num_samples, config.max_new_tokens
+  n = auto_sample_chunk(cfg, config, B)
   num_chunks = -(-N // n)
-  cache_len = config.cache_len or (P + T)
   cache_dtype = jnp.dtype(config.cache_dtype) if config.cache_dtype else params["embed"].dtype
-  # Layout hint for the cache (identity unless sample() ran inside sharding.use_rules).
-  cache = sharding.constrain_kv_cache(models.init_cache(cfg, B, cache_len, cache_dtype), shard_ctx)
+  prompt_ids = jnp.where(prompt_mask, prompt_ids, 0)  # padding never reaches the embedding table
+  # Prefill: the prompt batch runs once, into a cache of P slots (layout hint for the cache:
+  # identity unless sample() ran inside sharding.use_rules).
+  cache = sharding.constrain_kv_cache(models.init_cache(cfg, B, P, cache_dtype), shard_ctx)
   logits_Bx1xV, cache = models.forward_with_cache(cfg, params, prompt_ids, cache, prompt_mask, last_only=True)
+  cache = sharding.constrain_kv_cache(cache, shard_ctx)
+  # Heads before slots, so the N samples' queries of a prompt meet its keys in one contraction.
+  kv_axes = ("batch", "kv_heads", "seq", "head_dim")
+  to_heads = lambda x: tuple(sharding.constrain(jnp.transpose(x[l], (0, 2, 1, 3)), kv_axes, shard_ctx)
+                             for l in range(cfg.num_layers))
+  prefix_k, prefix_v = to_heads(cache.k), to_heads(cache.v)
+  layer_params = tuple(jax.tree.map(lambda a, l=l: a[l], params["layers"]) for l in range(cfg.num_layers))
 
   def run_chunk(chunk_index):
-    # Rows are prompt-major: row b * n + j is sample j of prompt b in this chunk.
+    # Rows are prompt-major: row b * n + j is sample chunk_index * n + j of prompt b.
     rep = lambda x: jnp.repeat(x, n, axis=0)
-    chunk_cache = models.KVCache(k=jnp.repeat(cache.k, n, axis=1), v=jnp.repeat(cache.v, n, axis=1),
-                                 mask=rep(cache.mask), next_pos=rep(cache.next_pos), index=cache.index)
-    chunk_cache = sharding.constrain_kv_cache(chunk_cache, shard_ctx)
-    s = _decode(cfg, config, params, chunk_cache, rep(logits_Bx1xV[:, 0]), jax.random.fold_in(key, chunk_index))
+    sample_ids = (jnp.arange(B)[:, None] * N + chunk_index * n + jnp.arange(n)[None, :]).reshape(-1)
+    row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(sample_ids)
+    prefix = _Prefix(layers=layer_params, k=prefix_k, v=prefix_v, mask=prompt_mask,
+                     positions_R=sharding.constrain(rep(cache.next_pos), ("batch",), shard_ctx))
+    s = _decode(cfg, config, params, prefix, rep(logits_Bx1xV[:, 0]), row_keys, shard_ctx)
     group = lambda x: x.reshape(B, n, T)
     return (group(s.tokens_RxT), group(s.mask_RxT), group(s.logprobs_RxT), group(s.policy_logprobs_RxT),
             group(s.entropy_RxT))
@@ -303,6 +478,46 @@ def left_pad_to(prompt_ids, prompt_mask, length: int, pad_id: int):
   return ids, mask
 
 
+@jax.jit
+def _prompt_stats(prompt_ids, prompt_mask):
+  """Scalars that `_check_prompts` needs, computed where the arrays live (one small sync)."""
+  mask = prompt_mask.astype(bool)
+  ids = prompt_ids.astype(jnp.int32)
+  big = jnp.iinfo(jnp.int32).max
+  return dict(
+      min_id=jnp.min(jnp.where(mask, ids, big)), max_id=jnp.max(jnp.where(mask, ids, -1)),
+      empty_rows=jnp.sum(~jnp.any(mask, axis=1)),
+      right_padded_rows=jnp.sum(jnp.any(mask[:, :-1] & ~mask[:, 1:], axis=1)),
+      max_len=jnp.max(jnp.sum(mask, axis=1)))
+
+
+def _check_prompts(cfg: ModelConfig, config: SamplingConfig, prompt_ids, prompt_mask) -> None:
+  """Clear errors for prompts the sampler would otherwise run silently and wrongly."""
+  if isinstance(prompt_ids, np.ndarray) and isinstance(prompt_mask, np.ndarray):
+    mask = prompt_mask.astype(bool)
+    real = prompt_ids[mask]
+    stats = dict(min_id=real.min() if real.size else 0, max_id=real.max() if real.size else 0,
+                 empty_rows=int((~mask.any(axis=1)).sum()),
+                 right_padded_rows=int((mask[:, :-1] & ~mask[:, 1:]).any(axis=1).sum()),
+                 max_len=int(mask.sum(axis=1).max(initial=0)))
+  else:
+    stats = jax.device_get(_prompt_stats(jnp.asarray(prompt_ids), jnp.asarray(prompt_mask)))
+  stats = {k: int(v) for k, v in stats.items()}
+  if stats["empty_rows"]:
+    raise ValueError(f"Every prompt needs at least one real token ({stats['empty_rows']} row(s) of "
+                     "prompt_mask are all False).")
+  if stats["right_padded_rows"]:
+    raise ValueError(f"Prompts must be left-padded: {stats['right_padded_rows']} row(s) of prompt_mask have "
+                     "a False after a True (right padding); move the padding to the left.")
+  if stats["min_id"] < 0 or stats["max_id"] >= cfg.vocab_size:
+    raise ValueError(f"Prompt token ids must be in [0, vocab_size={cfg.vocab_size}); got ids from "
+                     f"{stats['min_id']} to {stats['max_id']} at real (mask True) positions.")
+  if stats["max_len"] + config.max_new_tokens > cfg.max_position_embeddings:
+    raise ValueError(f"The longest prompt ({stats['max_len']} tokens) + max_new_tokens "
+                     f"{config.max_new_tokens} exceeds the model's max_position_embeddings "
+                     f"{cfg.max_position_embeddings}.")
+
+
 def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array,
            key: jax.Array, config: SamplingConfig) -> SampleOutput:
   """Samples `config.num_samples` completions for each left-padded prompt.
@@ -310,14 +525,19 @@ def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask:
   Args:
     cfg: model configuration.
     params: params pytree (plain or FP4-quantized linear weights).
-    prompt_ids: int32 [B, P], left-padded.
-    prompt_mask: bool [B, P], True at real prompt tokens. Every row needs at least one.
+    prompt_ids: int32 [B, P], left-padded; ids of real tokens in [0, vocab_size) (padding
+      ids are ignored).
+    prompt_mask: bool [B, P], True at real prompt tokens. Every row needs at least one, and
+      padding only on the left. The longest prompt + max_new_tokens must fit the model's
+      max_position_embeddings.
     key: PRNG key; the same key gives the same samples.
     config: a SamplingConfig.
   Returns:
     A SampleOutput with [B, N, T] arrays grouped by prompt.
   Raises:
-    ValueError: prompt too long for the buckets or the cache, bad shapes or settings.
+    ValueError: before compiling, for: prompt too long for the buckets, the cache or the
+      model's positions; token ids outside the vocabulary; an all-padding row; right
+      padding; bad shapes or settings.
 
   >>> out = sample(cfg, params, ids, mask, jax.random.key(0),
   ...              SamplingConfig(num_samples=8, max_new_tokens=32, eos_id=2))  # doctest: +SKIP
@@ -336,8 +556,7 @@ def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask:
     raise ValueError(
         f"Prompt length {P} (bucketed to {P_bucket}) + max_new_tokens {config.max_new_tokens} = {needed} "
         f"exceeds the cache length {config.cache_len}.")
-  if isinstance(prompt_mask, np.ndarray) and not prompt_mask.any(axis=1).all():
-    raise ValueError("Every prompt needs at least one real token (a row of prompt_mask is all False).")
+  _check_prompts(cfg, config, prompt_ids, prompt_mask)
   prompt_ids, prompt_mask = left_pad_to(prompt_ids, prompt_mask, P_bucket, config.pad_id)
   return _sample_jit(cfg, config, params, jnp.asarray(prompt_ids, jnp.int32),
                      jnp.asarray(prompt_mask, bool), key, sharding.current_context())

@@ -181,3 +181,34 @@ def test_a_build_that_dies_leaves_nothing_half_done(tmp_path):
     wd.atomic_build(target, broken, done_file="done")
   assert not target.exists() and not list(tmp_path.glob(".out.tmp-*"))
   assert wd.atomic_build(target, lambda tmp: (tmp / "done").write_text("1"), done_file="done")
+
+
+def test_train_py_refuses_before_any_work(tmp_path):
+  """The launcher takes the lock and checks the config before loading data or compiling."""
+  train = [sys.executable, str(REPO / "experiments" / "train.py"), f"--config={REPO / 'configs' / 'default.py'}:smoke",
+           f"--workdir={tmp_path}", "--progress=false"]
+  env = {**os.environ, "PYTHONPATH": str(REPO), "ROLLOUTS_JAX_CACHE": str(tmp_path / "cache")}
+  saved = {"rl": {"learning_rate": 0.123}}
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  out = subprocess.run(train, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert "Refused" in out.stderr and "rl.learning_rate: 0.123 ->" in out.stderr
+  assert json.loads((tmp_path / "config.json").read_text()) == saved
+  assert not (tmp_path / "cache").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_train_py_refuses_a_locked_workdir(tmp_path):
+  train = [sys.executable, str(REPO / "experiments" / "train.py"), f"--config={REPO / 'configs' / 'default.py'}:smoke",
+           f"--workdir={tmp_path}", "--progress=false", "--allow_config_change"]
+  env = {**os.environ, "PYTHONPATH": str(REPO), "ROLLOUTS_JAX_CACHE": str(tmp_path / "cache")}
+  saved = {"rl": {"learning_rate": 0.123}}
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  holder = _start_holder(tmp_path)
+  try:
+    out = subprocess.run(train, env=env, capture_output=True, text=True, timeout=300)
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  assert out.returncode == 2 and f"in use by process {holder.pid}" in out.stderr, out.stderr[-3000:]
+  assert json.loads((tmp_path / "config.json").read_text()) == saved

@@ -24,8 +24,10 @@ QKV bias) and on the project's default small model, it measures:
   and at 256 samples of one 256-token prompt, 128 new tokens, bf16 and NVFP4 weights
   (``models.quantize_params(..., implementation="pallas")``), compile time apart (first call
   minus the median of the timed ones), and the fraction of the HBM roofline:
-  ``(weight bytes + KV-cache bytes read per decode step) / step time / bandwidth`` with the
-  step time taken as the whole call / new tokens (prefill included, so a lower bound).
+  ``(weight bytes + KV bytes a decode step must read) / step time / bandwidth``, the KV term
+  being each prompt's keys and values once plus each row's generated ones so far (averaged
+  over the steps), and the step time the whole call / new tokens (prefill included, so the
+  fraction is a lower bound). All samples of a prompt decode at once (``sample_chunk = N``).
 * ``rl_step``: one RL step of the 0.5B-sized model: a rollout (the sampler, batch 64 x 8)
   plus one update (``rollouts_jax.training.rl_step.rl_step``), compile apart.
 
@@ -58,6 +60,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 import time
@@ -295,9 +298,15 @@ class Budget:
     return time.monotonic() + max(self.left(), 0.0) * weight / max(remaining_weight, 1e-9)
 
 
+def _scrub(text: str) -> str:
+  """Error text without this machine's paths (the repository's become relative)."""
+  text = text.replace(str(REPO) + os.sep, "")
+  return re.sub(r"(/[^\s'\"]+)+/(site|dist)-packages/", "", text)
+
+
 def _error_record(e: BaseException) -> dict:
   lines = traceback.format_exception_only(type(e), e)
-  return {"error": f"{type(e).__name__}: {''.join(lines).strip()[-1500:]}"}
+  return {"error": _scrub(f"{type(e).__name__}: {''.join(lines).strip()[-1500:]}")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -488,6 +497,8 @@ def bench_matmul_point(model: str, names: list[str], prep: dict, m: int, plan: P
           rec["check_best"] = {k2: best[k2] for k2 in ("max_abs_err", "max_err_normalized", "max_abs_ref")}
         else:
           rec["best_blocks"] = "default"
+      else:
+        rec["best_blocks"] = "not swept"
       rec["sweep"] = sweep_rows
       wide_fp4 = jax.jit(_fp4_call(None))
       y_wide, compile_s["wide"] = first_call(wide_fp4, x, q_wide)
@@ -568,9 +579,31 @@ def summarize_matmul(section: dict, models_info: dict) -> dict:
 # Section: sampler
 # ----------------------------------------------------------------------------------------------
 
+def sampling_config(num_samples: int, new_tokens: int):
+  """Temperature-1 sampling of exactly `new_tokens` (no EOS), every sample of a prompt decoded at once.
+
+  `sample_chunk=num_samples` keeps all B * N rows in one decode (the sampler's automatic chunk
+  follows a memory budget sized for a CPU, which would split the batch on the accelerator).
+  """
+  from rollouts_jax import sampling
+  return sampling.SamplingConfig(num_samples=num_samples, max_new_tokens=new_tokens, temperature=1.0, top_k=0,
+                                 top_p=1.0, eos_id=None, prompt_buckets=(), sample_chunk=num_samples)
+
+
 def kv_cache_bytes(cfg, rows: int, cache_len: int, itemsize: int) -> int:
-  """Bytes of the fixed-length KV cache that decode attention reads every step (k and v)."""
+  """Bytes of keys and values of `cache_len` tokens for `rows` rows, all layers."""
   return 2 * cfg.num_layers * rows * cache_len * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
+def kv_read_bytes_per_step(cfg, batch: int, num_samples: int, prompt_len: int, new_tokens: int,
+                           itemsize: int) -> float:
+  """The KV bytes a decode step must read, averaged over the steps (the roofline's KV term).
+
+  Each prompt's keys and values once (its samples share them) and each row's generated
+  tokens so far: at step t (0-based) a row has t of them, (T - 1) / 2 on average.
+  """
+  per_token = kv_cache_bytes(cfg, 1, 1, itemsize)
+  return per_token * (batch * prompt_len + batch * num_samples * (new_tokens - 1) / 2)
 
 
 def _sample_once(cfg, params, prompt, mask, conf, seeds):
@@ -600,8 +633,7 @@ def bench_sampler_model(model: str, cfg, params, plan: Plan, shapes: list[Sample
     B, N, P, T = shape.batch, shape.num_samples, shape.prompt_len, shape.new_tokens
     prompt = rng.integers(1, cfg.vocab_size, size=(B, P)).astype(np.int32)
     mask = np.ones((B, P), bool)
-    conf = sampling.SamplingConfig(num_samples=N, max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0,
-                                   eos_id=None, prompt_buckets=())
+    conf = sampling_config(N, T)
     calls, first = {}, {}
     for wname, p in weights.items():
       if time.monotonic() > deadline:
@@ -622,9 +654,9 @@ def bench_sampler_model(model: str, cfg, params, plan: Plan, shapes: list[Sample
       results.save()
       continue
     times = alternate(calls, plan.sampler_reps)
-    cache_len = P + T
-    itemsize = jnp.dtype(params["embed"].dtype).itemsize
-    kv = kv_cache_bytes(cfg, B * N, cache_len, itemsize)
+    itemsize = jnp.dtype(params["embed"].dtype).itemsize  # the sampler's cache dtype: the params'
+    kv = kv_read_bytes_per_step(cfg, B, N, P, T, itemsize)
+    kv_full = kv_cache_bytes(cfg, B * N, P + T, itemsize)  # a full [rows, P + T] cache read every step
     for wname in calls:
       t = statistics.median(times[wname])
       wbytes = param_bytes(weights[wname])
@@ -632,13 +664,14 @@ def bench_sampler_model(model: str, cfg, params, plan: Plan, shapes: list[Sample
       step_bytes = wbytes + kv
       logits_bytes = B * N * cfg.vocab_size * 4
       rec = {"model": model, "shape": shape.name, "batch": B, "num_samples": N, "prompt_len": P,
-             "new_tokens": T, "weights": wname, "time_s": t, "times_s": times[wname],
-             "first_call_s": first[wname], "compile_s": max(first[wname] - t, 0.0),
+             "new_tokens": T, "weights": wname, "sample_chunk": conf.sample_chunk, "time_s": t,
+             "times_s": times[wname], "first_call_s": first[wname], "compile_s": max(first[wname] - t, 0.0),
              "tokens": B * N * T, "tokens_per_s": B * N * T / t, "step_s": step_s,
-             "weight_bytes": wbytes, "kv_cache_bytes": kv, "cache_len": cache_len,
-             "step_bytes": step_bytes, "bytes_per_s": step_bytes / step_s,
-             "roofline_fraction": step_bytes / step_s / bw, "logits_bytes_per_step": logits_bytes,
-             "roofline_fraction_with_logits": (step_bytes + 2 * logits_bytes) / step_s / bw}
+             "weight_bytes": wbytes, "kv_read_bytes": kv, "step_bytes": step_bytes,
+             "bytes_per_s": step_bytes / step_s, "roofline_fraction": step_bytes / step_s / bw,
+             "kv_full_cache_bytes": kv_full,
+             "roofline_fraction_full_cache": (wbytes + kv_full) / step_s / bw,
+             "logits_bytes_per_step": logits_bytes}
       section["records"].append(rec)
       print(f"  {model:<14} {shape.name:<15} {wname:>5}: {rec['tokens_per_s']:12,.0f} tok/s  step "
             f"{step_s * 1e3:8.3f} ms  roofline {rec['roofline_fraction']:6.1%}  compile {rec['compile_s']:.1f} s",
@@ -770,8 +803,7 @@ def bench_rl_step(model: str, cfg, params, plan: Plan, section: dict, results: R
   rng = np.random.default_rng(seed)
   prompt = rng.integers(1, cfg.vocab_size, size=(B, P)).astype(np.int32)
   pmask = np.ones((B, P), bool)
-  conf = sampling.SamplingConfig(num_samples=N, max_new_tokens=T, temperature=1.0, eos_id=None,
-                                 prompt_buckets=())
+  conf = sampling_config(N, T)  # the sampler section's first shape: its compiled sampler is reused
   # Static settings that newer versions of rl_step take (the sampling temperature, the budget).
   step_params = inspect.signature(mod.rl_step).parameters
   step_kwargs = {k: v for k, v in dict(temperature=1.0, max_len=T).items() if k in step_params}
@@ -872,15 +904,15 @@ def lowering_check(models_full: dict, plan: Plan, args, section: dict, results: 
     try:
       p_abs = jax.eval_shape(lambda key: models.init_params(cfg, key, jnp.bfloat16), jax.random.key(0))
       q_abs = jax.eval_shape(lambda p: models.quantize_params(cfg, p, "nvfp4", implementation="pallas"), p_abs)
-      conf = sampling.SamplingConfig(num_samples=sh.num_samples, max_new_tokens=sh.new_tokens, eos_id=None,
-                                     prompt_buckets=())
-      ids = jax.ShapeDtypeStruct((sh.batch, sh.prompt_len), jnp.int32)
-      msk = jax.ShapeDtypeStruct((sh.batch, sh.prompt_len), jnp.bool_)
+      conf = sampling_config(sh.num_samples, sh.new_tokens)
+      # Concrete prompts (the sampler checks them on the host), abstract weights.
+      ids = np.ones((sh.batch, sh.prompt_len), np.int32)
+      msk = np.ones((sh.batch, sh.prompt_len), bool)
       # models.dense lets the kernel pick its backend from jax.default_backend(); on a CPU host
       # that is the interpreter, so the trace is made as on a GPU (caches are cleared after).
-      run = jax.jit(lambda p, i, m: sampling.sample(cfg, p, i, m, jax.random.key(0), conf))
+      run = jax.jit(lambda p: sampling.sample(cfg, p, ids, msk, jax.random.key(0), conf))
       with mock.patch.object(jax, "default_backend", lambda: "gpu"):
-        text = run.trace(q_abs, ids, msk).lower(lowering_platforms=("cuda",)).as_text()
+        text = run.trace(q_abs).lower(lowering_platforms=("cuda",)).as_text()
       jax.clear_caches()
       rec["triton_calls"] = text.count("__gpu$xla.gpu.triton")
       # The kernel lowered through Triton, not the interpreter. (Calls of one shape share one

@@ -119,10 +119,22 @@ def test_dry_run_matmul_matches_reference_and_its_numbers_agree(matmul_dry_run):
   assert data["summary"]["kernel_matches_reference"] is True
 
 
-def test_kv_cache_bytes_equal_the_sampler_cache():
+def test_kv_cache_bytes_equal_the_model_cache():
   cfg = bench.qwen05b_config(tiny=True)
   cache = models.init_cache(cfg, 6, 40, jnp.bfloat16)
   assert bench.kv_cache_bytes(cfg, 6, 40, 2) == cache.k.nbytes + cache.v.nbytes
+
+
+def test_kv_read_per_step_is_the_mean_over_steps_of_prompt_and_generated_caches():
+  cfg = bench.qwen05b_config(tiny=True)
+  B, N, P, T = 3, 5, 7, 11
+  per_step = [bench.kv_cache_bytes(cfg, B, P, 2) + bench.kv_cache_bytes(cfg, B * N, t, 2) for t in range(T)]
+  assert _close(bench.kv_read_bytes_per_step(cfg, B, N, P, T, 2), sum(per_step) / T)
+
+
+def test_error_text_drops_machine_paths():
+  text = f"NameError: at {bench.REPO / 'experiments' / 'bench_gpu.py'}:12 and /opt/x/lib/python3.12/site-packages/jax/a.py"
+  assert bench._scrub(text) == "NameError: at experiments/bench_gpu.py:12 and jax/a.py"
 
 
 def test_real_size_model_is_qwen25_05b():
@@ -227,8 +239,10 @@ def test_full_dry_run_has_every_section_and_consistent_numbers(tmp_path):
     assert r["tokens"] == r["batch"] * r["num_samples"] * r["new_tokens"]
     assert _close(r["tokens_per_s"], r["tokens"] / r["time_s"])
     assert _close(r["step_s"], r["time_s"] / r["new_tokens"])
-    assert r["step_bytes"] == r["weight_bytes"] + r["kv_cache_bytes"]
+    assert r["step_bytes"] == r["weight_bytes"] + r["kv_read_bytes"]
     assert _close(r["roofline_fraction"], r["step_bytes"] / r["step_s"] / bw)
+    assert r["kv_read_bytes"] < r["kv_full_cache_bytes"]
+    assert r["sample_chunk"] == r["num_samples"]
   by_w = {r["weights"]: r for r in samp if r["model"] == "qwen2.5-0.5b"}
   assert by_w["nvfp4"]["weight_bytes"] < by_w["bf16"]["weight_bytes"]
   (rl,) = data["sections"]["rl_step"]["records"]

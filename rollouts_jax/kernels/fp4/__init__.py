@@ -1,5 +1,6 @@
 """FP4 (NVFP4 / MXFP4) weight quantization and matmul: reference, Pallas kernel, dispatch.
 
+>>> import jax.numpy as jnp
 >>> from rollouts_jax.kernels import fp4
 >>> q = fp4.quantize(jnp.ones((32, 16)), fmt="nvfp4")
 >>> fp4.matmul(jnp.ones((1, 32)), q, implementation="xla").shape

@@ -1,5 +1,6 @@
 """FP4 weights: quantize once, then ``matmul`` by the reference XLA path or the Pallas kernel.
 
+>>> import jax.numpy as jnp
 >>> from rollouts_jax.kernels import fp4
 >>> w = jnp.ones((64, 32))
 >>> q = fp4.quantize(w, fmt="nvfp4")                  # or "mxfp4"
@@ -36,6 +37,7 @@ def quantize(w: jax.Array, fmt: str = "nvfp4", *, scale_rounding: str = "floor")
   Returns:
     An :class:`FP4Tensor` pytree (codes uint8 ``[K_pad//2, N]``, even K in the low nibble).
 
+  >>> import jax.numpy as jnp
   >>> quantize(jnp.ones((16, 8)), "nvfp4").codes.shape
   (8, 8)
   >>> quantize(jnp.ones((16, 8)), "mxfp4").codes.shape  # K padded to 32
@@ -47,6 +49,7 @@ def quantize(w: jax.Array, fmt: str = "nvfp4", *, scale_rounding: str = "floor")
 def dequantize(q: FP4Tensor, dtype: Any = None) -> jax.Array:
   """The dequantized ``[K, N]`` weight (default dtype: the original one).
 
+  >>> import jax.numpy as jnp
   >>> dequantize(quantize(jnp.ones((16, 8)))).shape
   (16, 8)
   """
@@ -70,6 +73,7 @@ def matmul(x: jax.Array, q: FP4Tensor, implementation: str = "pallas", *,
   Returns:
     ``[..., N]`` in ``x.dtype``.
 
+  >>> import jax.numpy as jnp
   >>> matmul(jnp.ones((3, 16)), quantize(jnp.eye(16)), "xla").shape
   (3, 16)
   """

@@ -1,42 +1,106 @@
-r"""Sampler throughput: rollouts_jax's sampler against transformers' `generate` (torch, CPU).
+r"""Sampler throughput and memory: rollouts_jax's sampler against transformers' `generate` (torch, CPU).
 
-Both sample the same small random Llama checkpoint (built locally; no download) at equal
-batch, samples per prompt, prompt length and new tokens, with the same sampling settings
-(temperature 1, no truncation, no early EOS stop). Prints tokens/s of both and the
-ratio, our compile time apart, and our achieved FLOP/s over a matmul's FLOP/s measured
-in the same run.
+Both sides sample the same small random Llama (vocab 2048, hidden 256, MLP 1024, 4 layers,
+8 query / 4 key-value heads; built locally, no download) at equal batch, samples per
+prompt, prompt length and new tokens, with the same settings (temperature 1, no
+truncation, no early EOS stop). For each shape the two sides alternate in one process
+(ours, theirs, ours, ...), `--repeats` timed calls each, and medians are reported:
 
-  python experiments/bench_sampler.py                        # batch 64 x N 8, 128 new tokens
-  python experiments/bench_sampler.py --batch=8 --new_tokens=32 --repeats=1   # quick
+* tokens/s of both sides and their ratio (ours / generate);
+* our compile time (first call minus the median), apart;
+* peak memory of one call: resident-set growth over the call for both sides (sampled
+  every 2 ms in a separate, untimed call), and for ours XLA's own buffer assignment
+  (temporaries + outputs of the compiled program);
+* our decode FLOP/s over a plain 512x2048x2048 float32 matmul's, measured in the same run
+  (FLOPs counted as the weights' matmuls per token plus attention over the real context).
+
+Contention: torch's `generate` slows far more than JAX's sampler when other processes use
+the CPU, which flatters us. The script refuses to start when the 1-minute load average is
+above `--max_load` and, during every timed call, measures the CPU time other processes
+used (from /proc/stat minus our own). A timing during which others used more than
+`--max_other_cores` cores on average is marked BUSY; if any timing is BUSY the script
+exits with status 2 (after writing its JSON) unless `--allow_busy`.
+
+  python experiments/bench_sampler.py                 # all shapes, 3 repetitions (a few minutes)
+  python experiments/bench_sampler.py --quick         # 2 shapes, 1 repetition
+  python experiments/bench_sampler.py --json=out.json --allow_busy
 """
 
+import json
 import os
+import statistics
 import tempfile
+import threading
 import time
 
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("batch", 64, "Prompts per call.")
-flags.DEFINE_integer("num_samples", 8, "Samples per prompt.")
-flags.DEFINE_integer("prompt_len", 32, "Prompt length (tokens).")
-flags.DEFINE_integer("new_tokens", 128, "New tokens per sample.")
-flags.DEFINE_integer("hidden", 256, "Hidden size.")
-flags.DEFINE_integer("layers", 4, "Layers.")
-flags.DEFINE_integer("vocab", 4096, "Vocabulary size.")
-flags.DEFINE_integer("sample_chunk", 0, "Samples per prompt decoded at once (0: all).")
-flags.DEFINE_integer("repeats", 2, "Timed repetitions (best is reported).")
-flags.DEFINE_integer("threads", 0, "torch threads (0: as many as JAX's CPU backend uses, os.cpu_count()).")
+flags.DEFINE_integer("repeats", 3, "Timed calls per side and shape (medians are reported).")
+flags.DEFINE_bool("quick", False, "Two shapes, one repetition: a smoke run.")
+flags.DEFINE_string("shapes", "", "Comma-separated subset of shape names to run (default: all).")
+flags.DEFINE_string("json", "bench_sampler_results.json", "Where to write the results ('' for none).")
+flags.DEFINE_bool("allow_busy", False, "Report timings taken while other processes used the CPU.")
+flags.DEFINE_float("max_load", 1.0, "Refuse to start above this 1-minute load average.")
+flags.DEFINE_float("max_other_cores", 0.3, "Mark a timing BUSY when others used more cores than this.")
+flags.DEFINE_integer("threads", 0, "torch threads (0: os.cpu_count(), what XLA:CPU uses).")
 flags.DEFINE_bool("skip_hf", False, "Only time our sampler.")
 
+# name: (batch, samples per prompt, prompt length, new tokens)
+SHAPES = {
+    "b16_n4_t64": (16, 4, 32, 64),
+    "b64_n8_t128": (64, 8, 32, 128),
+    "p256_n8": (2, 8, 256, 64),
+    "p256_n64": (2, 64, 256, 64),
+    "p256_n256": (2, 256, 256, 64),
+}
+QUICK = ("b16_n4_t64", "p256_n64")
 
-def _best(fn, repeats):
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
+
+def _proc_times():
+  """(jiffies all CPUs spent busy, jiffies this process spent) from /proc."""
+  with open("/proc/stat") as f:
+    cpu = [int(x) for x in f.readline().split()[1:]]
+  busy = sum(cpu) - cpu[3] - (cpu[4] if len(cpu) > 4 else 0)  # minus idle and iowait
+  with open("/proc/self/stat") as f:
+    fields = f.read().rsplit(")", 1)[1].split()
+  return busy, int(fields[11]) + int(fields[12])  # utime + stime, all threads
+
+
+def timed(fn):
+  """Runs fn(); returns (wall seconds, cores other processes used on average meanwhile)."""
+  busy0, own0 = _proc_times()
+  t0 = time.perf_counter()
+  fn()
+  wall = time.perf_counter() - t0
+  busy1, own1 = _proc_times()
+  hz = os.sysconf("SC_CLK_TCK")
+  others = max((busy1 - busy0) - (own1 - own0), 0) / hz / max(wall, 1e-9)
+  return wall, others
+
+
+def _rss_bytes():
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_growth(fn):
+  """Peak resident-set growth (bytes) over a call of fn(), sampled every 2 ms."""
+  base, peak, stop = _rss_bytes(), [0], threading.Event()
+
+  def watch():
+    while not stop.is_set():
+      peak[0] = max(peak[0], _rss_bytes())
+      time.sleep(0.002)
+
+  t = threading.Thread(target=watch, daemon=True)
+  t.start()
+  try:
     fn()
-    best = min(best, time.perf_counter() - t0)
-  return best
+  finally:
+    stop.set()
+    t.join()
+  return max(peak[0], _rss_bytes()) - base
 
 
 def main(_):
@@ -47,79 +111,123 @@ def main(_):
   import transformers
 
   from rollouts_jax import models, sampling
+  from rollouts_jax.sampling import sampler as sampler_lib
 
+  load1 = os.getloadavg()[0]
+  if load1 > FLAGS.max_load and not FLAGS.allow_busy:
+    raise SystemExit(f"1-minute load average {load1:.2f} > --max_load={FLAGS.max_load}: other processes are "
+                     "using the CPU and would skew the comparison. Wait, or pass --allow_busy.")
   threads = FLAGS.threads or os.cpu_count()
   torch.set_num_threads(threads)
   torch.manual_seed(0)
-  B, N, P, T = FLAGS.batch, FLAGS.num_samples, FLAGS.prompt_len, FLAGS.new_tokens
   hf_conf = transformers.LlamaConfig(
-      vocab_size=FLAGS.vocab, hidden_size=FLAGS.hidden, intermediate_size=FLAGS.hidden * 4,
-      num_hidden_layers=FLAGS.layers, num_attention_heads=max(FLAGS.hidden // 64, 1),
-      num_key_value_heads=max(FLAGS.hidden // 128, 1), max_position_embeddings=4096,
-      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+      vocab_size=2048, hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+      num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=None,
+      eos_token_id=None, pad_token_id=0)
   hf_model = transformers.LlamaForCausalLM(hf_conf).eval()
   with tempfile.TemporaryDirectory() as d:
     hf_model.save_pretrained(d, safe_serialization=True)
     cfg, params = models.load_hf_checkpoint(d, dtype=jnp.float32)
-  print(f"model: llama hidden={cfg.hidden_size} layers={cfg.num_layers} heads={cfg.num_heads}/"
-        f"{cfg.num_kv_heads} vocab={cfg.vocab_size} params={cfg.num_params() / 1e6:.2f}M")
-  print(f"shape: batch={B} samples/prompt={N} prompt_len={P} new_tokens={T} "
-        f"devices={jax.devices()} torch_threads={threads}")
+  print(f"model: llama hidden={cfg.hidden_size} mlp={cfg.intermediate_size} layers={cfg.num_layers} "
+        f"heads={cfg.num_heads}/{cfg.num_kv_heads} vocab={cfg.vocab_size} params={cfg.num_params() / 1e6:.2f}M; "
+        f"devices={jax.devices()} torch_threads={threads} cpus={os.cpu_count()} load1={load1:.2f}")
 
+  # The matmul reference, measured in this run.
   rng = np.random.default_rng(0)
-  prompt = rng.integers(1, cfg.vocab_size, size=(B, P)).astype(np.int32)
-  mask = np.ones((B, P), bool)
-  conf = sampling.SamplingConfig(num_samples=N, max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0,
-                                 eos_id=None, sample_chunk=FLAGS.sample_chunk, prompt_buckets=())
-
-  def ours(seed=0):
-    out = sampling.sample(cfg, params, prompt, mask, jax.random.key(seed), conf)
-    return jax.block_until_ready(out)
-
-  t0 = time.perf_counter()
-  out = ours()
-  first = time.perf_counter() - t0
-  ours_s = _best(ours, FLAGS.repeats)
-  compile_s = max(first - ours_s, 0.0)
-  n_tokens = B * N * T
-  assert int(out.lengths.sum()) == n_tokens
-  ours_tps = n_tokens / ours_s
-  print(f"rollouts_jax: {ours_s:.2f} s for {n_tokens} tokens = {ours_tps:,.0f} tokens/s "
-        f"(first call {first:.2f} s; compile ~{compile_s:.2f} s apart)")
-
-  # FLOPs actually done: matmuls per token (2 * weights) and attention over the fixed-length cache.
-  S = P + T
-  matmul_params = cfg.num_params() - cfg.vocab_size * cfg.hidden_size  # the embedding is a gather
-  attn_per_token = 4 * cfg.num_layers * S * cfg.num_heads * cfg.head_dim
-  flops = B * P * (2 * matmul_params + attn_per_token) + B * N * T * (2 * matmul_params + attn_per_token)
-  M = 512
-  a = jnp.asarray(rng.standard_normal((M, 2048)), jnp.float32)
+  a = jnp.asarray(rng.standard_normal((512, 2048)), jnp.float32)
   b = jnp.asarray(rng.standard_normal((2048, 2048)), jnp.float32)
   mm = jax.jit(jnp.dot)
   jax.block_until_ready(mm(a, b))
-  mm_s = _best(lambda: jax.block_until_ready(mm(a, b)), 5)
-  mm_flops = 2 * M * 2048 * 2048 / mm_s
-  ours_flops = flops / ours_s
-  print(f"achieved {ours_flops / 1e9:.1f} GFLOP/s vs matmul {mm_flops / 1e9:.1f} GFLOP/s "
-        f"= {ours_flops / mm_flops:.1%} of matmul throughput")
+  mm_s = statistics.median(timed(lambda: jax.block_until_ready(mm(a, b)))[0] for _ in range(10))
+  mm_flops = 2 * 512 * 2048 * 2048 / mm_s
+  print(f"matmul 512x2048x2048 float32: {mm_flops / 1e9:.1f} GFLOP/s")
 
-  if FLAGS.skip_hf:
-    return
-  ids_t = torch.tensor(prompt, dtype=torch.long)
-  mask_t = torch.ones_like(ids_t)
+  names = [s for s in (FLAGS.shapes.split(",") if FLAGS.shapes else (QUICK if FLAGS.quick else SHAPES))]
+  repeats = 1 if FLAGS.quick else FLAGS.repeats
+  matmul_params = cfg.num_params() - cfg.vocab_size * cfg.hidden_size  # the embedding is a gather
+  attn_per_ctx = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim  # q.k and p.v per context token
+  results = dict(load1_at_start=load1, matmul_gflops=mm_flops / 1e9, threads=threads, shapes={})
+  any_busy = False
+  for name in names:
+    B, N, P, T = SHAPES[name]
+    prompt = rng.integers(1, cfg.vocab_size, size=(B, P)).astype(np.int32)
+    mask = np.ones((B, P), bool)
+    conf = sampling.SamplingConfig(num_samples=N, max_new_tokens=T, temperature=1.0, eos_id=None,
+                                   prompt_buckets=())
+    chunk = sampler_lib.auto_sample_chunk(cfg, conf, B)
+    n_tokens = B * N * T
+    seed = [0]
 
-  def theirs():
-    with torch.no_grad():
-      return hf_model.generate(input_ids=ids_t, attention_mask=mask_t, do_sample=True, temperature=1.0,
-                               top_k=0, top_p=1.0, num_return_sequences=N, max_new_tokens=T,
-                               min_new_tokens=T, eos_token_id=None, pad_token_id=0)
+    def ours():
+      seed[0] += 1
+      out = sampling.sample(cfg, params, prompt, mask, jax.random.key(seed[0]), conf)
+      return jax.block_until_ready(out)
 
-  seq = theirs()
-  assert seq.shape == (B * N, P + T), seq.shape
-  hf_s = _best(theirs, FLAGS.repeats)
-  hf_tps = n_tokens / hf_s
-  print(f"transformers generate: {hf_s:.2f} s = {hf_tps:,.0f} tokens/s")
-  print(f"ratio (rollouts_jax / transformers): {ours_tps / hf_tps:.2f}x")
+    ids_t = torch.tensor(prompt, dtype=torch.long)
+    mask_t = torch.ones_like(ids_t)
+
+    def theirs():
+      with torch.no_grad():
+        return hf_model.generate(input_ids=ids_t, attention_mask=mask_t, do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, num_return_sequences=N, max_new_tokens=T,
+                                 min_new_tokens=T, eos_token_id=None, pad_token_id=0)
+
+    first, _ = timed(ours)
+    out = ours()
+    assert int(out.lengths.sum()) == n_tokens
+    if not FLAGS.skip_hf:
+      seq = theirs()  # warm-up
+      assert seq.shape == (B * N, P + T), seq.shape
+    ours_t, theirs_t, busy = [], [], []
+    for _ in range(repeats):  # alternate the sides
+      for side, fn, acc in (("ours", ours, ours_t), ("generate", theirs, theirs_t)):
+        if side == "generate" and FLAGS.skip_hf:
+          continue
+        wall, others = timed(fn)
+        acc.append(wall)
+        if others > FLAGS.max_other_cores:
+          busy.append(f"{side} {wall:.2f}s with {others:.2f} other cores")
+    ours_s = statistics.median(ours_t)
+    compiled = sampler_lib._sample_jit.lower(cfg, conf, params, jnp.asarray(prompt), jnp.asarray(mask),
+                                             jax.random.key(0)).compile()
+    mem = compiled.memory_analysis()
+    xla_bytes = mem.temp_size_in_bytes + mem.output_size_in_bytes
+    ours_rss = peak_rss_growth(ours)
+    # FLOPs: prefill (causal) and decode (each new token against prompt + tokens so far).
+    prefill = B * P * 2 * matmul_params + B * attn_per_ctx * P * (P + 1) / 2
+    decode = n_tokens * 2 * matmul_params + B * N * attn_per_ctx * sum(P + t + 1 for t in range(T))
+    ours_flops = (prefill + decode) / ours_s
+    r = dict(batch=B, num_samples=N, prompt_len=P, new_tokens=T, sample_chunk=chunk, ours_s=ours_t,
+             ours_tokens_per_s=n_tokens / ours_s, compile_s=max(first - ours_s, 0.0),
+             ours_peak_rss_mb=ours_rss / 2 ** 20, ours_xla_temp_plus_output_mb=xla_bytes / 2 ** 20,
+             ours_gflops=ours_flops / 1e9, fraction_of_matmul=ours_flops / mm_flops, busy=busy)
+    line = (f"{name}: batch {B} x N {N}, prompt {P}, {T} new tokens (chunk {chunk}): ours "
+            f"{n_tokens / ours_s:,.0f} tokens/s (median of {len(ours_t)}; compile {r['compile_s']:.1f} s apart), "
+            f"{ours_flops / 1e9:.1f} GFLOP/s = {ours_flops / mm_flops:.0%} of matmul; peak memory: RSS +"
+            f"{ours_rss / 2 ** 20:.0f} MiB, XLA temp+out {xla_bytes / 2 ** 20:.0f} MiB")
+    if not FLAGS.skip_hf:
+      theirs_s = statistics.median(theirs_t)
+      theirs_rss = peak_rss_growth(theirs)
+      r.update(generate_s=theirs_t, generate_tokens_per_s=n_tokens / theirs_s,
+               generate_peak_rss_mb=theirs_rss / 2 ** 20, ratio=theirs_s / ours_s)
+      line += (f"\n    generate {n_tokens / theirs_s:,.0f} tokens/s, peak RSS +{theirs_rss / 2 ** 20:.0f} MiB; "
+               f"ratio (ours / generate) {theirs_s / ours_s:.2f}x")
+    if busy:
+      any_busy = True
+      line += "\n    BUSY: " + "; ".join(busy)
+    print(line, flush=True)
+    results["shapes"][name] = r
+
+  results["load1_at_end"] = os.getloadavg()[0]
+  results["busy"] = any_busy
+  print(f"load average at end: {results['load1_at_end']:.2f}")
+  if FLAGS.json:
+    with open(FLAGS.json, "w") as f:
+      json.dump(results, f, indent=1)
+    print(f"wrote {FLAGS.json}")
+  if any_busy and not FLAGS.allow_busy:
+    raise SystemExit("Some timings were taken while other processes used the CPU (BUSY above); "
+                     "rerun on a quiet machine, or pass --allow_busy to accept them.")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,12 @@ from rollouts_jax.rewards.label_free import (
 )
 from rollouts_jax.rewards.math_verifier import math_equal, math_reward
 from rollouts_jax.rewards.pool import (
+    GraderFailureError,
+    check_grader_health,
+    is_inline_safe,
+    mark_inline_safe,
+    merge_stats,
+    summarize_stats,
     STATUS_NAMES,
     GraderPool,
     default_num_workers,
@@ -87,5 +93,6 @@ __all__ = [
     "parse_countdown_reference", "parse_expression", "parse_number", "record_failure",
     "register_reward_fn", "reset_failure_counts", "reward_fn_names", "score_batch",
     "sequence_scores", "shutdown_default_pools", "soft_self_consistency", "time_limit",
-    "ttrl_reward", "GROUP_TERMS", "GroupScorer", "build_scorer", "parse_reward_spec", "ttrl",
+    "ttrl_reward", "GraderFailureError", "check_grader_health", "is_inline_safe", "mark_inline_safe",
+    "merge_stats", "summarize_stats", "GROUP_TERMS", "GroupScorer", "build_scorer", "parse_reward_spec", "ttrl",
 ]

@@ -113,6 +113,7 @@ class GroupScorer:
     N = len(texts[0]) if B else 0
     total = np.zeros((B, N), np.float32)
     info: dict[str, Any] = {"failures": 0, "messages": []}
+    grader_stats = []
     answers = self.answers(texts)
     info["answers"] = answers
     for name, weight in self.terms:
@@ -121,16 +122,23 @@ class GroupScorer:
       else:
         if references is None or len(references) != B:
           raise ValueError(f"reward term {name!r} needs one reference per prompt.")
-        fn = functools.partial(_task_reward, self.task.name) if name == "task" else name
+        if name == "task":
+          fn = functools.partial(_safe_task_reward if self.task.inline_safe else _task_reward, self.task.name)
+        else:
+          fn = name
         flat_texts = [t for row in texts for t in row]
         flat_refs = [ref for ref in references for _ in range(N)]
         r, stats = pool.score_batch(fn, flat_texts, flat_refs, timeout_s=self.timeout_s,
                                     num_workers=self.num_workers)
         r = np.asarray(r, np.float32).reshape(B, N)
-        info["failures"] += int(stats.get("failures", 0))
-        info["messages"] += list(stats.get("messages", []))[:3]
+        grader_stats.append(stats)
       info[f"reward/{name}"] = float(np.mean(r)) if r.size else 0.0
       total = total + np.float32(weight) * r
+    if grader_stats:
+      merged = pool.merge_stats(grader_stats)
+      info["grader"] = merged
+      info["failures"] = int(merged["failures"])
+      info["messages"] = list(merged.get("messages", []))
     info["wall_s"] = time.perf_counter() - t0
     return total, info
 
@@ -153,6 +161,12 @@ class GroupScorer:
 def _task_reward(task_name: str, text: str, reference: Any) -> float:
   from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
   return tasks.get(task_name).reward(text, reference)
+
+
+@pool.mark_inline_safe
+def _safe_task_reward(task_name: str, text: str, reference: Any) -> float:
+  """The reward of a task whose grader is pure Python over bounded text (may run in-process)."""
+  return _task_reward(task_name, text, reference)
 
 
 def build_scorer(spec: str, task, *, timeout_s: float = 5.0, num_workers: int = 2, dare_alpha: float = 0.5,

@@ -463,6 +463,7 @@ def shutdown_default_pools() -> None:
 # ---- inline scoring of known-safe graders ------------------------------------------------------
 
 _INLINE_SAFE: set = set()
+_BUILTIN_SAFE_ADDED: list = []  # the built-in safe graders are added on first use (lazy imports)
 _WARNED_UNSAFE: set = set()
 
 
@@ -490,11 +491,12 @@ def is_inline_safe(fn: RewardFn) -> bool:
     >>> is_inline_safe(rewards.arithmetic_reward), is_inline_safe(rewards.math_reward)
     (True, False)
     """
-    if not _INLINE_SAFE:
+    if not _BUILTIN_SAFE_ADDED:
         from rollouts_jax.rewards import arithmetic, countdown, format, gsm8k  # noqa: PLC0415, A004
         for safe in (arithmetic.arithmetic_reward, gsm8k.gsm8k_reward, countdown.countdown_reward,
                      format.format_reward):
             _INLINE_SAFE.add(safe)
+        _BUILTIN_SAFE_ADDED.append(True)
     return _unwrap(fn) in _INLINE_SAFE
 
 

@@ -1,16 +1,10 @@
-"""Orbax save/restore of sharded pytrees onto any mesh."""
+"""Save/restore of sharded pytrees onto any mesh (the one checkpointer of `training.checkpoint`)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
-
-def _abs_path(path) -> Any:
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  s = os.fspath(path)
-  return epath.Path(s if "://" in s else os.path.abspath(s))
 
 
 def abstract_tree(tree: Any, shardings: Any = None) -> Any:
@@ -30,10 +24,10 @@ def abstract_tree(tree: Any, shardings: Any = None) -> Any:
 
 
 def save_sharded(path, tree: Any, *, force: bool = False) -> None:
-  """Saves a pytree of (sharded) arrays with orbax; every process calls it.
+  """Saves a pytree of (sharded) arrays; every process calls it (see `training.checkpoint.save_params`).
 
-  Each process writes the shards it owns; the call returns when the checkpoint is
-  complete on disk.
+  Each process writes the shards it owns; the call returns when the checkpoint is complete on
+  disk, with checksums of its files.
 
   Args:
     path: checkpoint directory (local path or a `gs://` URL); must not exist unless `force`.
@@ -42,17 +36,16 @@ def save_sharded(path, tree: Any, *, force: bool = False) -> None:
 
   >>> save_sharded("ckpt/step_100", state)  # doctest: +SKIP
   """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(_abs_path(path), tree, force=force)
-    ckptr.wait_until_finished()
+  from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  checkpoint.save_params(path, tree, force=force)
 
 
 def restore_sharded(path, target: Any) -> Any:
   """Restores a checkpoint onto the shardings given by `target` (any mesh).
 
   A checkpoint written on one mesh restores on another: each device reads just the
-  slices its target shards need.
+  slices its target shards need. Checksums and finiteness are verified
+  (`training.checkpoint.load_params`).
 
   Args:
     path: the checkpoint directory given to `save_sharded`.
@@ -64,7 +57,7 @@ def restore_sharded(path, target: Any) -> Any:
 
   >>> params = restore_sharded("ckpt/step_100", abstract_params(cfg, mesh, rules))  # doctest: +SKIP
   """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
 
   def as_abstract(x):
     if isinstance(x, jax.ShapeDtypeStruct):
@@ -73,6 +66,4 @@ def restore_sharded(path, target: Any) -> Any:
       return x
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
 
-  target = jax.tree.map(as_abstract, target)
-  with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(_abs_path(path), target)
+  return checkpoint.load_params(path, jax.tree.map(as_abstract, target))

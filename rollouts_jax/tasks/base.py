@@ -37,12 +37,15 @@ class Task:
     answer_format: "tags" (`<answer>..</answer>`) or "boxed" (`\\boxed{..}`).
     can_rewrite: has a label-preserving rewrite of a question (Co-Reward's second view).
     has_strategies: completions have distinct solution strategies (uniqueness clustering).
+    inline_safe: the grader is pure Python over bounded text, so it may run in the training
+      process (`reward.num_workers=0`); others always run in grader worker processes.
   """
   name: str = ""
   synthetic: bool = False
   answer_format: str = "boxed"
   can_rewrite: bool = False
   has_strategies: bool = False
+  inline_safe: bool = True
 
   # -- data ------------------------------------------------------------------------------------
   def check_config(self, data_cfg) -> None:
@@ -282,6 +285,7 @@ class Gsm8k(Task):
 class MathBoxed(Task):
   """MATH-style benchmarks: the last `\\boxed{}` graded by math-verify against the reference."""
   name: str = "math500"
+  inline_safe: bool = False  # math-verify (sympy) can block in C code
 
   def extract(self, text):
     r"""Example:

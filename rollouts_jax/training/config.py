@@ -105,7 +105,8 @@ class RewardConfig:
   """
   name: str = "task"
   timeout_s: float = 5.0
-  num_workers: int = 2          # grader worker processes (0: in the training process)
+  num_workers: int = 2          # grader worker processes (0: in the training process, for known-safe graders)
+  max_failure_frac: float = 0.5  # stop when graders fail (error, timeout, crash) on more than this share
   overlong_buffer: int = 0      # DAPO soft overlong punishment buffer (0 = off)
   dare_alpha: float = 0.5       # DARE exploration-bonus weight
   dare_tau: float = 0.0         # DARE pruning threshold on the answer distribution
@@ -350,6 +351,8 @@ def validate(cfg: ExperimentConfig) -> None:
       raise ValueError(f"reward.name uses co_reward, which needs a second view of each question; task "
                        f"{cfg.data.task!r} has no label-preserving rewrite (arithmetic and countdown do).")
   _positive(rw.timeout_s, "reward.timeout_s")
+  if not 0.0 <= rw.max_failure_frac <= 1.0:
+    raise ValueError(f"Config key reward.max_failure_frac must be in [0, 1], got {rw.max_failure_frac}.")
   _positive(rw.num_workers, "reward.num_workers", allow_zero=True)
   _positive(rw.overlong_buffer, "reward.overlong_buffer", allow_zero=True)
   if rw.overlong_buffer >= ro.max_new_tokens:

@@ -28,6 +28,7 @@ from rollouts_jax.training.metrics import MetricsLogger, plot_curves
 from rollouts_jax.training.pipeline import RolloutPipeline
 from rollouts_jax.training.placement import Placement
 from rollouts_jax.training.policy import load_policy as _load_policy, prompt_instruction, warm_start as _warm_start
+from rollouts_jax.training import workdir as workdir_lib
 from rollouts_jax.training.rl_step import init_train_state, rl_optimizer, rl_step
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
       fp4=exp.rollout.fp4, fp4_pool_size=exp.rollout.fp4_pool_size, subset=c.subset,
       max_staleness=rp.max_staleness, clusters=rw.clusters if exp.rl.advantage.startswith("uniqueness") else None,
       needs_seq_logprobs=exp.rl.advantage == "xrpo", ref_samples=rw.ref_samples, ref_refresh=rw.ref_refresh,
-      overlong_buffer=rw.overlong_buffer, seed=exp.seed)
+      overlong_buffer=rw.overlong_buffer, max_failure_frac=rw.max_failure_frac, seed=exp.seed)
   factory = replay.get(rp.name)
   if factory is not None:
     pipe.buffer = factory(rp.capacity, pipe.buffer_example(), max_staleness=rp.max_staleness)
@@ -110,16 +111,20 @@ def _abstract(tree):
   return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
-def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool = True) -> dict[str, Any]:
+def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool = True,
+          allow_config_change: bool = False) -> dict[str, Any]:
   """Runs (or resumes) an experiment in `workdir`; returns a summary dict.
 
   The summary holds the evaluation before and after RL and the final step. Writes
   `metrics.jsonl`, TensorBoard events under `tb/`, orbax checkpoints under `checkpoints/`,
-  PNG learning curves under `plots/` and `summary.json` to the workdir.
+  PNG learning curves under `plots/` and `summary.json` to the workdir. A workdir is tied to
+  its config: a rerun whose settings change results raises before any work (naming the keys)
+  unless `allow_config_change`.
   """
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(exp), indent=2, default=str))
+  workdir_lib.check_workdir_config(workdir, dataclasses.asdict(exp), allow_change=allow_config_change,
+                                   write=jax.process_index() == 0)
   logger = MetricsLogger(workdir, total_steps=exp.rl.steps if progress else None, desc="rl")
   train_examples, test_examples = load_task(exp)
   with MetricsLogger(workdir / "sft", total_steps=None, desc="sft") as sft_logger:  # its own step axis
@@ -139,7 +144,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
     state, meta, _ = ckpt.restore_latest_intact(_abstract(state), quarantine=True)
     start, nonfinite_run, summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
     log.info("Resumed from step %d", start)
-  logger.truncate_after(start)  # rows past the resumed step (or any, before the first checkpoint) go
+  logger.truncate_after(start if start else -1)  # rows past the resumed step; all before a first checkpoint
   if start == 0:
     summary["before"] = evaluate_fn(state["train"].params, eval_examples, eval_key)
     logger.log(0, summary["before"])

@@ -93,6 +93,7 @@ class RolloutPipeline:
   ref_samples: int = 0
   ref_refresh: int = 0
   overlong_buffer: int = 0
+  max_failure_frac: float = 0.5
   seed: int = 0
 
   @property
@@ -281,6 +282,12 @@ class RolloutPipeline:
             np.asarray(second_view.lengths), max_len=self.sampling_config.max_new_tokens,
             cache_len=self.overlong_buffer))
     stats.add("time/score", time.perf_counter() - t0)
+    grader = info.get("grader")
+    if grader is not None:
+      if grader["failures"]:
+        log.warning(rewards.summarize_stats(grader))
+      rewards.check_grader_health(grader, self.max_failure_frac, min_samples=8)
+      stats.add("grader_no_answer", float(grader.get("no_answer", 0)))
     stats.add("grader_failures", float(info["failures"]))
     for k, v in info.items():
       if k.startswith("reward/"):

@@ -10,8 +10,6 @@ import hashlib
 import json
 import logging
 import pathlib
-import shutil
-import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -19,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from rollouts_jax import data as data_lib
+from rollouts_jax import filelock
 from rollouts_jax import models, tasks
 from rollouts_jax.training.config import DataConfig, ModelSectionConfig, SFTConfig, TokenizerConfig
 from rollouts_jax.training.sft import tokenize_pairs, train_sft
@@ -65,37 +64,41 @@ def warm_start(task: tasks.Task, train_examples: Sequence[dict], *, data: DataCo
                m: ModelSectionConfig, sft: SFTConfig, seed: int, log_fn: Callable[[int, dict], None] | None = None):
   """Returns (cfg, params, tokenizer, folder), running SFT unless a cached warm start matches."""
   root = pathlib.Path(sft.cache_dir) if sft.cache_dir else tasks.cache_root() / "warmstart"
+  root.mkdir(parents=True, exist_ok=True)
   key = warm_start_key(data, tok, m, sft, seed)
   folder = root / f"{data.task}-{key}"
   dtype = jnp.dtype(m.dtype)
   if (folder / "done.json").exists():
     log.info("Reusing warm start %s", folder)
-    tokenizer = data_lib.load_tokenizer(folder / "tokenizer.json")
-    cfg, params = models.load_hf_checkpoint(folder, dtype=dtype)
-    return cfg.replace(remat=m.remat), params, tokenizer, folder
-  tokenizer = make_tokenizer(tok, m)
-  cfg = model_config(m, tokenizer)
-  params = models.init_params(cfg, jax.random.key(seed), dtype)
-  instruction = prompt_instruction(task, tok)
-  prompts = [task.prompt(ex, tokenizer, data.template, instruction=instruction) for ex in train_examples]
-  completions = [task.completion(ex) for ex in train_examples]
-  tokens, attn, loss_mask = tokenize_pairs(prompts, completions, tokenizer)
-  log.info("SFT warm start: %d examples of %d tokens, %d steps", len(train_examples), tokens.shape[1], sft.steps)
-  t0 = time.time()
-  params = train_sft(cfg, params, tokens, attn, loss_mask, steps=sft.steps, batch_size=sft.batch_size,
-                     learning_rate=sft.learning_rate, warmup_steps=sft.warmup_steps,
-                     weight_decay=sft.weight_decay, grad_clip=sft.grad_clip, seed=seed,
-                     log_fn=log_fn, log_every=sft.log_every)
-  root.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
-  models.save_hf_checkpoint(tmp, cfg, params)
-  if isinstance(tokenizer, data_lib.CharTokenizer):
-    tokenizer.save(tmp / "tokenizer.json")
-  (tmp / "done.json").write_text(json.dumps({"sft_seconds": time.time() - t0, "key": key}))
-  if folder.exists():
-    shutil.rmtree(folder)
-  tmp.rename(folder)
-  return cfg, params, tokenizer, folder
+  built = {}
+
+  def build(tmp: pathlib.Path):
+    tokenizer = make_tokenizer(tok, m)
+    cfg = model_config(m, tokenizer)
+    params = models.init_params(cfg, jax.random.key(seed), dtype)
+    instruction = prompt_instruction(task, tok)
+    prompts = [task.prompt(ex, tokenizer, data.template, instruction=instruction) for ex in train_examples]
+    completions = [task.completion(ex) for ex in train_examples]
+    tokens, attn, loss_mask = tokenize_pairs(prompts, completions, tokenizer)
+    log.info("SFT warm start: %d examples of %d tokens, %d steps", len(train_examples), tokens.shape[1], sft.steps)
+    t0 = time.time()
+    params = train_sft(cfg, params, tokens, attn, loss_mask, steps=sft.steps, batch_size=sft.batch_size,
+                       learning_rate=sft.learning_rate, warmup_steps=sft.warmup_steps,
+                       weight_decay=sft.weight_decay, grad_clip=sft.grad_clip, seed=seed,
+                       log_fn=log_fn, log_every=sft.log_every)
+    models.save_hf_checkpoint(tmp, cfg, params)
+    if isinstance(tokenizer, data_lib.CharTokenizer):
+      tokenizer.save(tmp / "tokenizer.json")
+    (tmp / "done.json").write_text(json.dumps({"sft_seconds": time.time() - t0, "key": key}))
+    built.update(cfg=cfg, params=params, tokenizer=tokenizer)
+
+  # One process builds it; concurrent runs wait on the lock and reuse it.
+  filelock.atomic_build(folder, build, done_file="done.json")
+  if built:
+    return built["cfg"], built["params"], built["tokenizer"], folder
+  tokenizer = data_lib.load_tokenizer(folder / "tokenizer.json")
+  cfg, params = models.load_hf_checkpoint(folder, dtype=dtype)
+  return cfg.replace(remat=m.remat), params, tokenizer, folder
 
 
 def load_policy(task: tasks.Task, train_examples: Sequence[dict], *, data: DataConfig, tok: TokenizerConfig,

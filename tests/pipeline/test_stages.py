@@ -251,14 +251,18 @@ def test_replay_keeps_surplus_informative_groups_for_the_next_step(monkeypatch):
 
   monkeypatch.setattr(rewards.GroupScorer, "__call__", all_informative)
   state = p.init_state()
-  # Two groups of the first generation are informative and the selector is asked twice: force
-  # a surplus by asking for refills with the first generation only half informative.
   batch, state, info = p.collect(state, params, 0, jax.random.key(0))
   assert info.get("replay/stored", 0.0) == 0.0 and int(state.replay.size) == 0
-  monkeypatch.setattr(control.filters, "informative", lambda r, m=None: jnp.arange(r.shape[0]) % 2 == 0)
+  real_informative = control.informative
+  # Half of each generation is informative, and of the 8 groups after one refill, 6 are: 2 surplus.
+  fake = lambda r, m=None: (jnp.arange(r.shape[0]) % 2 == 0) | (jnp.arange(r.shape[0]) >= 4)
+  monkeypatch.setattr(control.filters, "informative", fake)
+  monkeypatch.setattr(control, "informative", fake)
   batch, state, info = p.collect(state, params, 1, jax.random.key(1))
   assert info["refills"] == 1 and info["replay/stored"] == 2 and int(state.replay.size) == 2
   stored = set(np.asarray(state.replay.data.prompt_index)[np.asarray(state.replay.valid)].tolist())
+  monkeypatch.setattr(control.filters, "informative", real_informative)
+  monkeypatch.setattr(control, "informative", real_informative)
   monkeypatch.setattr(rewards.GroupScorer, "__call__", none_informative)
   batch, state, info = p.collect(state, params, 2, jax.random.key(2))
   assert info["replay/used"] == 2 and stored <= set(np.asarray(batch.prompt_index).tolist())
@@ -269,9 +273,9 @@ def test_uniqueness_advantages_differ_from_grpo_on_countdown_groups():
   """Strategy clusters from the task make uniqueness_grpo differ from GRPO (answer clusters cannot:
   on countdown every correct sample reaches the same target)."""
   task = tasks.get("countdown")
-  ex = {"numbers": [2, 3, 5], "target": 16}
-  texts = [["<answer>(3+5)*2</answer>", "<answer>2*(5+3)</answer>", "<answer>3*2+5*2</answer>",
-            "<answer>2+3+5</answer>"]]
+  ex = {"numbers": [2, 3, 4], "target": 14}
+  texts = [["<answer>(3+4)*2</answer>", "<answer>2*(4+3)</answer>", "<answer>3*4+2</answer>",
+            "<answer>2+3+4</answer>"]]
   r, _ = rewards.build_scorer("task", task, num_workers=0)(texts, [task.reference(ex)])
   assert r.tolist() == [[1, 1, 1, 0]]
   strat = advantages.cluster_by_answer([[task.strategy(t) for t in texts[0]]], normalize=lambda x: x)

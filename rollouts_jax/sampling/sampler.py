@@ -1,10 +1,18 @@
 """The rollout engine: prefill once, decode N samples per prompt under `lax.while_loop`.
 
-The prompt batch is prefilled once; its KV cache is repeated for the samples of one
-chunk (`sample_chunk` samples per prompt at a time), so the prompt is never re-run per
-sample and peak memory is set by the chunk, not by `num_samples`. Chunks run one after
-another under `lax.map`, each decoding until every row has emitted EOS or
-`max_new_tokens` is reached.
+The prompt batch is prefilled once. Decoding then runs `sample_chunk` samples per prompt
+at a time (chunks one after another under `lax.map`; by default as many as fit
+`decode_memory_mb`), each until every row has emitted EOS or `max_new_tokens` is reached.
+
+Decode attention is shared-prefix (cascade) attention (`kernels.decode_attention`): the
+prompt's keys and values are stored once per prompt, never copied per sample, and the N
+samples' queries of a prompt meet them in one contraction; each sample's own generated
+tokens live in per-layer buffers (heads before slots, keys head_dim before slot) that grow
+between a few segments of the decode (`cache_views`), so attention covers the filled part
+of the cache without recompiling per step; the two parts are merged by log-sum-exp.
+
+Each sample draws from its own random stream (the call's key folded with the sample's
+index, then with the step), so outputs do not depend on the chunk or the memory budget.
 """
 
 from __future__ import annotations

@@ -121,3 +121,33 @@ def test_every_config_loads_and_validates(name, tmp_path):
   exp = config_lib.from_config_dict(cd)
   assert exp.rl.steps >= 1
   advantage_transform(exp.rl)  # the named recipe exists
+
+
+def test_restart_before_the_first_checkpoint_logs_each_row_once(cache, tmp_path):
+  exp = _smoke(rl__steps=3, checkpoint__every=10)
+  stopped = loop.train(dataclasses.replace(exp, stop_after_step=1), tmp_path, progress=False)
+  assert stopped["stopped_at"] == 1 and not list((tmp_path / "checkpoints").glob("[0-9]*"))
+  loop.train(exp, tmp_path, progress=False)
+  rows = read_jsonl(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in rows if "eval/pass@1" in r and r["step"] == 0] == [0]
+  assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2, 3]
+
+
+def test_a_grader_that_fails_on_most_samples_stops_the_run(cache, tmp_path, monkeypatch):
+  from rollouts_jax import tasks
+
+  def broken(self, answer, reference):
+    raise RuntimeError("grader exploded")
+
+  monkeypatch.setattr(tasks.Arithmetic, "grade", broken)
+  with pytest.raises(rewards.GraderFailureError, match="grader exploded|failed"):
+    loop.train(_smoke(rl__steps=2), tmp_path, progress=False)
+
+
+def test_rerunning_a_workdir_with_another_config_is_refused_before_any_work(cache, tmp_path):
+  from rollouts_jax.training import workdir as workdir_lib
+  loop.train(_smoke(rl__steps=1), tmp_path, progress=False)
+  saved = (tmp_path / "config.json").read_text()
+  with pytest.raises(workdir_lib.ConfigMismatchError, match=r"rl\.learning_rate"):
+    loop.train(_smoke(rl__steps=1, rl__learning_rate=0.01), tmp_path, progress=False)
+  assert (tmp_path / "config.json").read_text() == saved

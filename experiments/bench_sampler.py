@@ -45,6 +45,7 @@ flags.DEFINE_float("max_load", 1.0, "Refuse to start above this 1-minute load av
 flags.DEFINE_float("max_other_cores", 0.3, "Mark a timing BUSY when others used more cores than this.")
 flags.DEFINE_integer("threads", 0, "torch threads (0: os.cpu_count(), what XLA:CPU uses).")
 flags.DEFINE_bool("skip_hf", False, "Only time our sampler.")
+flags.DEFINE_float("decode_memory_mb", 0, "Our automatic sample_chunk's budget (0: the default).")
 
 # name: (batch, samples per prompt, prompt length, new tokens)
 SHAPES = {
@@ -154,6 +155,8 @@ def main(_):
     mask = np.ones((B, P), bool)
     conf = sampling.SamplingConfig(num_samples=N, max_new_tokens=T, temperature=1.0, eos_id=None,
                                    prompt_buckets=())
+    if FLAGS.decode_memory_mb:
+      conf = conf.replace(decode_memory_mb=FLAGS.decode_memory_mb)
     chunk = sampler_lib.auto_sample_chunk(cfg, conf, B)
     n_tokens = B * N * T
     seed = [0]

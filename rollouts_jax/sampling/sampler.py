@@ -78,7 +78,7 @@ class SamplingConfig:
   prompt_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
   cache_len: int | None = None
   cache_dtype: str | None = None
-  decode_memory_mb: float = 128.0
+  decode_memory_mb: float = 320.0
   length_segments: int = 4
   attention_implementation: str = "xla"
 
@@ -405,8 +405,10 @@ def auto_sample_chunk(cfg: ModelConfig, config: SamplingConfig, batch: int) -> i
 
   >>> cfg = ModelConfig(vocab_size=2048, hidden_size=256, intermediate_size=1024,
   ...                   num_layers=4, num_heads=8, num_kv_heads=4)
-  >>> auto_sample_chunk(cfg, SamplingConfig(num_samples=256, max_new_tokens=64), batch=2)
-  64
+  >>> auto_sample_chunk(cfg, SamplingConfig(num_samples=256, max_new_tokens=64), batch=8)  # 3 chunks
+  86
+  >>> auto_sample_chunk(cfg, SamplingConfig(num_samples=256, max_new_tokens=64, decode_memory_mb=32), batch=8)
+  12
   >>> auto_sample_chunk(cfg, SamplingConfig(num_samples=256, sample_chunk=16), batch=2)
   16
   """

@@ -8,6 +8,10 @@ import pytest
 from rollouts_jax.kernels import decode_attention as da
 from rollouts_jax.kernels.decode_attention import reference
 
+# One compilation per shape (the suffix length is traced, as in the sampler).
+_attend = jax.jit(da.decode_attention, static_argnames=("implementation", "block_s", "interpret"))
+_naive = jax.jit(reference.naive)
+
 
 def _inputs(B=2, N=3, K=2, G=2, D=8, P=5, S=12, seed=0, dtype=jnp.float32):
   rng = np.random.default_rng(seed)
@@ -22,8 +26,8 @@ def _inputs(B=2, N=3, K=2, G=2, D=8, P=5, S=12, seed=0, dtype=jnp.float32):
 @pytest.mark.parametrize("implementation", ["xla", "pallas"])
 def test_matches_naive_definition(implementation, length):
   args = _inputs()
-  want = reference.naive(*args, length)
-  got = da.decode_attention(*args, length, implementation=implementation, block_s=4)
+  want = _naive(*args, length)
+  got = _attend(*args, length, implementation=implementation, block_s=4)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)
 
 
@@ -31,9 +35,9 @@ def test_matches_naive_definition(implementation, length):
 def test_matches_naive_other_shapes(shape):
   args = _inputs(**shape, seed=1)
   for length in (1, 5, args[-1].shape[2]):
-    want = np.asarray(reference.naive(*args, length))
+    want = np.asarray(_naive(*args, length))
     for impl in ("xla", "pallas"):
-      got = np.asarray(da.decode_attention(*args, length, implementation=impl, block_s=4))
+      got = np.asarray(_attend(*args, length, implementation=impl, block_s=4))
       np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
 
 
@@ -43,8 +47,8 @@ def test_slots_past_length_are_ignored():
   length = 5
   skt2, sv2 = skt.at[..., length:].set(1e6), sv.at[:, :, length:].set(-3e5)
   for impl in ("xla", "pallas"):
-    a = da.decode_attention(q, pk, pv, pm, skt, sv, length, implementation=impl, block_s=4)
-    b = da.decode_attention(q, pk, pv, pm, skt2, sv2, length, implementation=impl, block_s=4)
+    a = _attend(q, pk, pv, pm, skt, sv, length, implementation=impl, block_s=4)
+    b = _attend(q, pk, pv, pm, skt2, sv2, length, implementation=impl, block_s=4)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
@@ -52,8 +56,8 @@ def test_prefix_is_shared_not_per_sample():
   """Samples of one prompt see the same prompt: swapping two prompts' prefixes swaps their rows."""
   q, pk, pv, pm, skt, sv = _inputs(B=2, N=2, seed=3)
   q = jnp.broadcast_to(q[:1], q.shape)             # same queries for both prompts
-  out = da.decode_attention(q, pk, pv, pm, skt, sv, 3)
-  swapped = da.decode_attention(q, pk[::-1], pv[::-1], pm[::-1],
+  out = _attend(q, pk, pv, pm, skt, sv, 3)
+  swapped = _attend(q, pk[::-1], pv[::-1], pm[::-1],
                                 skt.reshape(2, 2, *skt.shape[1:])[::-1].reshape(skt.shape),
                                 sv.reshape(2, 2, *sv.shape[1:])[::-1].reshape(sv.shape), 3)
   np.testing.assert_allclose(np.asarray(out), np.asarray(swapped)[::-1], atol=1e-6)
@@ -72,9 +76,9 @@ def test_merge_equals_joint_softmax():
 def test_bfloat16_inputs_close_to_float32():
   args32 = _inputs(seed=5)
   args16 = tuple(a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a for a in args32)
-  want = np.asarray(reference.naive(*args32, 7))
+  want = np.asarray(_naive(*args32, 7))
   for impl in ("xla", "pallas"):
-    got = da.decode_attention(*args16, 7, implementation=impl, block_s=4)
+    got = _attend(*args16, 7, implementation=impl, block_s=4)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=5e-2)
 

@@ -54,7 +54,8 @@ class SamplingConfig:
       B * sample_chunk, not with N. Outputs do not depend on the chunk.
     prompt_buckets: prompts are left-padded to the smallest bucket that fits, so a
       data stream compiles once per bucket. Empty: no bucketing.
-    cache_len: total KV-cache slots; default bucketed prompt length + max_new_tokens.
+    cache_len: an upper bound on bucketed prompt length + max_new_tokens, checked before
+      compiling (the prompt's keys take P slots per prompt, the generated ones T per sample).
     cache_dtype: KV-cache dtype name (default: the parameter dtype).
     decode_memory_mb: the budget of the automatic `sample_chunk` for one chunk's decode
       state (generated keys/values, logits, activations), in MiB.
@@ -120,6 +121,7 @@ class SamplingConfig:
 
   @property
   def chunk(self) -> int:
+    """The explicit chunk (N when `sample_chunk` is 0; the sampler then uses `auto_sample_chunk`)."""
     return self.num_samples if self.sample_chunk in (0, None) else min(self.sample_chunk, self.num_samples)
 
   def replace(self, **kwargs) -> "SamplingConfig":

@@ -287,15 +287,16 @@ REAL_METHODS = {
 def real_main(args):
   RESULTS.mkdir(parents=True, exist_ok=True)
   root = pathlib.Path(args.workdir_root)
-  path = RESULTS / "control_real.json"
+  path = RESULTS / f"control_real{'_' + args.tag if args.tag else ''}.json"
   out = json.loads(path.read_text()) if path.exists() else {"mode": "real", "methods": {}}
-  out.update({"config": os.path.relpath(args.config, HERE.parent), "steps": args.steps, "seed": args.seed})
+  out.update({"config": os.path.relpath(args.config, HERE.parent), "steps": args.steps, "seed": args.seed,
+              "tag": args.tag, "extra": args.extra})
   for method in args.methods:
     if method not in REAL_METHODS:
       print(f"{method}: no real-loop recipe here (the PVPO selector needs the loop to pass reference "
             "rewards to update; XRPO and Pilot-Commit need the loop to log budget-aware rollouts).")
       continue
-    workdir = root / f"control_{method}_s{args.seed}"
+    workdir = root / f"control_{method}{'_' + args.tag if args.tag else ''}_s{args.seed}"
     cmd = [sys.executable, str(HERE / "train.py"), f"--config={args.config}", f"--workdir={workdir}",
            f"--config.rl.steps={args.steps}", f"--config.seed={args.seed}", "--config.eval.every=0",
            f"--config.eval.num_examples={args.eval_examples}", "--noprogress"] + REAL_METHODS[method] + args.extra
@@ -335,11 +336,13 @@ def _find(d, *names):
 
 
 def real_report(out):
+  stem = "control_real" + ("_" + out["tag"] if out.get("tag") else "")
   ok = {m: r for m, r in out["methods"].items() if "error" not in r}
   if not ok:
     return
   equal = min(float(np.sum(r["rollouts"])) for r in ok.values())
-  lines = [f"Real loop: `{out['config']}`, {out['steps']} RL steps per method, seed {out['seed']}. "
+  lines = [f"Real loop: `{out['config']}` {' '.join(out.get('extra') or [])}, {out['steps']} RL steps per method, "
+           f"seed {out['seed']}. "
            f"Equal rollouts = {equal:.0f} (the smallest total over the methods).", "",
            "| method | informative groups (trained batch, mean) | sampled reward, last 10 steps within equal "
            "rollouts | total rollouts | pass@1 before -> after (all steps) |",
@@ -355,8 +358,8 @@ def real_report(out):
     ev = f"{before:.3f} -> {after:.3f}" if isinstance(before, float) and isinstance(after, float) else "n/a"
     lines.append(f"| {m} | {info:.3f} | {rew:.3f} | {cum[-1]:.0f} | {ev} |")
     r["at_equal_rollouts"] = {"steps": n, "informative_groups": info, "reward_mean_sampled_last10": rew}
-  (RESULTS / "control_real.md").write_text("\n".join(lines) + "\n")
-  (RESULTS / "control_real.json").write_text(json.dumps(out, indent=1, default=str))
+  (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+  (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1, default=str))
   print("\n".join(lines))
 
 
@@ -379,8 +382,13 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--eval_examples", type=int, default=200)
   ap.add_argument("--workdir_root", default=os.path.join(os.path.expanduser("~"), "rollouts_control_runs"))
-  ap.add_argument("--extra", nargs="*", default=[], help="more --config.* overrides for the real runs")
-  args = ap.parse_args(argv)
+  ap.add_argument("--tag", default="", help="names the real runs' workdirs and result files")
+  ap.add_argument("--extra", nargs="*", default=[], help="more --config.* overrides for the real runs (bare --config.* flags work too)")
+  args, unknown = ap.parse_known_args(argv)
+  bad = [u for u in unknown if not u.startswith("--config.")]
+  if bad:
+    ap.error(f"unrecognized arguments: {' '.join(bad)}")
+  args.extra = list(args.extra) + unknown     # `--extra --config.x=1 --config.y=2` or bare --config.* flags
   args.methods = [m for m in args.methods.split(",") if m]
   if args.mode == "bandit":
     bandit_main(args)
@@ -389,7 +397,7 @@ def main(argv=None):
   elif args.mode == "real":
     real_main(args)
   else:
-    real_report(json.loads((RESULTS / "control_real.json").read_text()))
+    real_report(json.loads((RESULTS / f"control_real{'_' + args.tag if args.tag else ''}.json").read_text()))
 
 
 if __name__ == "__main__":

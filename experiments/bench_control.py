@@ -21,7 +21,19 @@ policy can be confidently wrong, which this does not model.
 
 Real loop (`--mode=real`): `experiments/train.py` on `configs/default.py` (or `--config`) for
 `--steps` RL steps per method, reading `informative_groups`, `reward_mean` and `rollouts`
-from each run's metrics.jsonl. Writes experiments/results/control_*.{json,md,png}.
+from each run's metrics.jsonl. Writes experiments/results/control_*.{json,md,png}. The
+default config has 20000 training prompts, so a 40-step run (1280 prompt draws) almost never
+revisits a prompt and history-based selectors (VADE, HIVE) have nothing to go on; the
+`pool256` runs keep the same warm start (loaded as a checkpoint, so SFT is unchanged) and
+shrink only the RL prompt pool, so each prompt comes back about five times:
+
+  python experiments/bench_control.py --mode=real --tag=pool256 --methods=uniform,vade,hive \
+      --config.model.init=hf --config.model.hf_path=WARM_START --config.tokenizer.path=WARM_START/tokenizer.json \
+      --config.data.num_train=256
+
+(WARM_START: the default config's cached warm-start folder.) "sampled reward" is the mean
+reward of the groups a method chose, so a selector that picks p ~ 1/2 prompts changes it by
+choice alone; held-out pass@1 is the comparable measure.
 """
 
 from __future__ import annotations
@@ -311,6 +323,7 @@ def real_main(args):
     recs = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in recs if "informative_groups" in r]
     summary = json.loads((workdir / "summary.json").read_text()) if (workdir / "summary.json").exists() else {}
+    summary.pop("plots", None)   # local paths
     out["methods"][method] = {
         "informative_groups": [r["informative_groups"] for r in steps],
         "reward_mean_sampled": [r.get("reward_mean_sampled", r["reward_mean"]) for r in steps],

@@ -141,12 +141,19 @@ class RolloutPipeline:
       if replayed:
         parts.append(got.take(np.flatnonzero(np.any(got.sample_mask, axis=1))))
     refill = 0
+    ref_state = state.ref
     while True:
       plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B)
       part = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats)
       n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
+      extra = {}
+      if self.ref_samples:  # reference rewards of the plan's prompts (cached), for the selector too
+        with_ref, ref_state = self._reference(part, ref_state, ref_params, step, jax.random.fold_in(key, 200 + refill),
+                                              stats)
+        extra = dict(ref_rewards_BxM=with_ref.ref_rewards[:n], ref_mask_BxM=with_ref.ref_mask[:n])
       ctl = self.selector.update(ctl, plan, part.rewards[:n], part.sample_mask[:n],
-                                 entropy_BxN=_mean_entropy(part)[:n], lengths_BxN=np.asarray(part.lengths)[:n])
+                                 entropy_BxN=_mean_entropy(part)[:n], lengths_BxN=np.asarray(part.lengths)[:n],
+                                 **extra)
       parts.append(part)
       if not self.dynamic_sampling:
         break
@@ -182,7 +189,6 @@ class RolloutPipeline:
       # behaviour log-probs of every group (for fresh ones they equal the current policy's).
       batch = batch.replace(old_logprobs=batch.behaviour_logprobs)
     batch = self._extras(batch, stats)
-    ref_state = state.ref
     if self.ref_samples:
       batch, ref_state = self._reference(batch, ref_state, ref_params, step, key, stats)
     # The update runs on completions cut to the longest one kept (rounded up to a multiple of 8,
@@ -258,6 +264,7 @@ class RolloutPipeline:
         stats.add("rollouts", float(N * len(idx)))
         stats.add("generated_tokens", float(np.asarray(second.lengths).sum()))
         batch = sampling.concat([batch, second])
+    stats.add("rollouts_budget", float(np.asarray(plan.budget).sum()))  # what the selector spent
     budget_mask = np.asarray(plan.sample_mask(N))
     if batch.prompt_ids.shape[0] != budget_mask.shape[0]:   # two views: both follow the plan's budget
       budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))

@@ -53,4 +53,4 @@ def test_smoke_config_runs_one_step(name, tmp_path, monkeypatch):
   assert len(step_rows) == exp.rl.steps
   assert np.isfinite(step_rows[0]["grad_norm"]) and step_rows[0]["nonfinite"] == 0.0
   if exp.rollout.fp4:
-    assert "sol/out_of_support_frac" in step_rows[0]
+    assert "sol/fp4_logprob_gap" in step_rows[0] and "sol/pool_reward_mean" in step_rows[0]

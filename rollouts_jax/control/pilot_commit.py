@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from rollouts_jax.control import base
-from rollouts_jax.control.vade import top_b
+from rollouts_jax.control.vade import group_counts, top_b
 
 _NEVER = 1 << 30
 
@@ -122,12 +122,7 @@ def pilot_commit(num_prompts: int, *, num_samples: int, seed: int = 0, pilot_sam
 
   def update(state, plan, rewards_BxN, mask_BxN=None, **extra):
     del extra
-    r = jnp.asarray(rewards_BxN, jnp.float32)
-    m = plan.sample_mask(r.shape[1])
-    if mask_BxN is not None:
-      m = m & jnp.asarray(mask_BxN, bool)
-    succ_B = jnp.sum((r > success_threshold) & m, axis=1).astype(jnp.float32)
-    n_B = jnp.sum(m, axis=1).astype(jnp.float32)
+    succ_B, n_B = group_counts(plan, rewards_BxN, mask_BxN, success_threshold)
     idx = jnp.asarray(plan.indices, jnp.int32)
     seen = n_B > 0
     pick = lambda new, old: jnp.where(seen, new, old[idx])  # noqa: E731  (rows without samples keep the old value)

@@ -19,6 +19,19 @@ def epoch_order(seed: int, epoch: jax.Array, num_prompts: int) -> jax.Array:
   return jax.random.permutation(jax.random.fold_in(jax.random.key(seed), epoch), num_prompts)
 
 
+def stream_indices(seed: int, position: jax.Array, batch_size: int, num_prompts: int) -> jax.Array:
+  """int32 [batch_size]: the prompts at stream positions `position, position + 1, ...`.
+
+  A batch that crosses an epoch boundary takes the end of one permutation and the start of
+  the next (batch_size <= num_prompts).
+  """
+  pos = position + jnp.arange(batch_size, dtype=jnp.int32)
+  epoch0 = position // num_prompts
+  first, second = epoch_order(seed, epoch0, num_prompts), epoch_order(seed, epoch0 + 1, num_prompts)
+  idx = jnp.where(pos // num_prompts == epoch0, first[pos % num_prompts], second[pos % num_prompts])
+  return idx.astype(jnp.int32)
+
+
 def uniform(num_prompts: int, *, num_samples: int, seed: int = 0) -> base.PromptSelector:
   """Every prompt once per epoch, shuffled anew each epoch; full budget for each.
 
@@ -51,11 +64,7 @@ def uniform(num_prompts: int, *, num_samples: int, seed: int = 0) -> base.Prompt
   def select(state, key, batch_size: int):
     del key
     base.check_batch_size(batch_size, num_prompts)
-    pos = state.position + jnp.arange(batch_size, dtype=jnp.int32)
-    epoch0 = state.position // num_prompts
-    first, second = epoch_order(seed, epoch0, num_prompts), epoch_order(seed, epoch0 + 1, num_prompts)
-    in_first = pos // num_prompts == epoch0
-    idx = jnp.where(in_first, first[pos % num_prompts], second[pos % num_prompts])
+    idx = stream_indices(seed, state.position, batch_size, num_prompts)
     return base.full_budget(idx, num_samples), UniformState(position=state.position + batch_size)
 
   def update(state, plan, rewards_BxN, mask_BxN=None, **extra):

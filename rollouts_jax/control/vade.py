@@ -52,6 +52,17 @@ def top_b(score_K: jax.Array, key: jax.Array, batch_size: int) -> jax.Array:
   return order[::-1][:batch_size].astype(jnp.int32)
 
 
+def group_counts(plan: base.Plan, rewards_BxN: jax.Array, mask_BxN: jax.Array | None,
+                 success_threshold: float) -> tuple[jax.Array, jax.Array]:
+  """(successes, counted samples), float32 [B] each, over the samples within each prompt's budget."""
+  r = jnp.asarray(rewards_BxN, jnp.float32)
+  m = plan.sample_mask(r.shape[1])
+  if mask_BxN is not None:
+    m = m & jnp.asarray(mask_BxN, bool)
+  succ_B = jnp.sum((r > success_threshold) & m, axis=1).astype(jnp.float32)
+  return succ_B, jnp.sum(m, axis=1).astype(jnp.float32)
+
+
 def prompt_counts(plan: base.Plan, rewards_BxN: jax.Array, mask_BxN: jax.Array | None, num_prompts: int,
                   success_threshold: float) -> tuple[jax.Array, jax.Array]:
   """Per-prompt (successes, samples) float32 [K] of one step's rollouts.
@@ -64,12 +75,7 @@ def prompt_counts(plan: base.Plan, rewards_BxN: jax.Array, mask_BxN: jax.Array |
   >>> s.tolist(), n.tolist()
   ([2.0, 0.0, 2.0], [2.0, 0.0, 3.0])
   """
-  r = jnp.asarray(rewards_BxN, jnp.float32)
-  m = plan.sample_mask(r.shape[1])
-  if mask_BxN is not None:
-    m = m & jnp.asarray(mask_BxN, bool)
-  succ_B = jnp.sum((r > success_threshold) & m, axis=1).astype(jnp.float32)
-  n_B = jnp.sum(m, axis=1).astype(jnp.float32)
+  succ_B, n_B = group_counts(plan, rewards_BxN, mask_BxN, success_threshold)
   idx = jnp.asarray(plan.indices, jnp.int32)
   zeros = jnp.zeros((num_prompts,), jnp.float32)
   return zeros.at[idx].add(succ_B), zeros.at[idx].add(n_B)

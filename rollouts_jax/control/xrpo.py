@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rollouts_jax.control import base
-from rollouts_jax.control.uniform import epoch_order
+from rollouts_jax.control.uniform import stream_indices
 from rollouts_jax.control.vade import prompt_counts
 
 
@@ -117,11 +117,7 @@ def xrpo_allocation(num_prompts: int, *, num_samples: int, seed: int = 0, budget
   def select(state, key, batch_size: int):
     del key
     base.check_batch_size(batch_size, num_prompts)
-    pos = state.position + jnp.arange(batch_size, dtype=jnp.int32)
-    epoch0 = state.position // num_prompts
-    first, second = epoch_order(seed, epoch0, num_prompts), epoch_order(seed, epoch0 + 1, num_prompts)
-    idx = jnp.where(pos // num_prompts == epoch0, first[pos % num_prompts], second[pos % num_prompts])
-    idx = idx.astype(jnp.int32)
+    idx = stream_indices(seed, state.position, batch_size, num_prompts)
     p = (state.succ[idx] + 0.5 * prior_count) / (state.n[idx] + prior_count)
     s = jnp.sqrt(p * (1.0 - p))
     s = s + explore * jnp.sqrt(jnp.log(state.step.astype(jnp.float32) + 2.0) / (1.0 + state.visits[idx]))

@@ -122,6 +122,22 @@ _TOKEN_FIELDS = ("completion_ids", "completion_mask", "behaviour_logprobs", "pol
 _SAMPLE_FIELDS = _TOKEN_FIELDS + ("rewards", "sample_mask", "cluster_ids", "seq_logprobs")
 
 
+def teacher_forced_rows(prompt_ids_BxP, prompt_mask_BxP, completion_ids_BxNxT):
+  """The update's layout: R = B * N rows of prompt + completion, (tokens [R, P+T], attention [R, P+T]).
+
+  The prompt's mask, then every completion slot visible (padding after EOS carries no loss).
+
+  >>> t, a = teacher_forced_rows(jnp.array([[0, 5]]), jnp.array([[False, True]]), jnp.array([[[7], [8]]]))
+  >>> t.tolist(), a.tolist()
+  ([[0, 5, 7], [0, 5, 8]], [[False, True, True], [False, True, True]])
+  """
+  B, N, T = completion_ids_BxNxT.shape
+  rep = lambda x: jnp.repeat(x, N, axis=0)
+  tokens = jnp.concatenate([rep(prompt_ids_BxP), completion_ids_BxNxT.reshape(B * N, T)], axis=1)
+  attn = jnp.concatenate([rep(prompt_mask_BxP), jnp.ones((B * N, T), bool)], axis=1)
+  return tokens, attn
+
+
 def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
   """Groups of several batches, in order (prompts are left-padded to the longest; host arrays).
 

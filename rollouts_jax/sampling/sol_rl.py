@@ -34,6 +34,7 @@ import numpy as np
 from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
 from rollouts_jax.sampling import sampler
+from rollouts_jax.sampling.batch import teacher_forced_rows
 from rollouts_jax.sampling.sampler import SampleOutput, SamplingConfig
 from rollouts_jax.control.subset import MODES, select_subset  # noqa: F401  (moved to CONTROL)
 
@@ -70,10 +71,7 @@ def _rescore_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, promp
   B, K, T = completion_ids_BxKxT.shape
   P = prompt_ids_BxP.shape[1]
   R = B * K
-  rep = lambda x: jnp.repeat(x, K, axis=0)
-  # The trainer's layout (training.rl_step): prompt mask, then every completion slot visible.
-  tokens_RxL = jnp.concatenate([rep(prompt_ids_BxP), completion_ids_BxKxT.reshape(R, T)], axis=1)
-  attn_RxL = jnp.concatenate([rep(prompt_mask_BxP), jnp.ones((R, T), bool)], axis=1)
+  tokens_RxL, attn_RxL = teacher_forced_rows(prompt_ids_BxP, prompt_mask_BxP, completion_ids_BxKxT)
 
   def score(xs):
     tokens, attn = xs
@@ -150,9 +148,7 @@ def _batch_logprobs_jit(cfg: ModelConfig, params: Params, prompt_ids_BxP, prompt
   B, K, T = completion_ids_BxKxT.shape
   P = prompt_ids_BxP.shape[1]
   R = B * K
-  rep = lambda x: jnp.repeat(x, K, axis=0)
-  tokens_RxL = jnp.concatenate([rep(prompt_ids_BxP), completion_ids_BxKxT.reshape(R, T)], axis=1)
-  attn_RxL = jnp.concatenate([rep(prompt_mask_BxP), jnp.ones((R, T), bool)], axis=1)
+  tokens_RxL, attn_RxL = teacher_forced_rows(prompt_ids_BxP, prompt_mask_BxP, completion_ids_BxKxT)
   split = lambda x: x.reshape((num_chunks, R // num_chunks) + x.shape[1:])
   lp, ent = jax.lax.map(lambda xs: models.token_logprobs(cfg, params, xs[0], xs[1], P, temperature=temperature),
                         (split(tokens_RxL), split(attn_RxL)))

@@ -25,7 +25,7 @@ import optax
 from rollouts_jax import advantages as advantages_lib
 from rollouts_jax import losses, models
 from rollouts_jax.models import ModelConfig, Params
-from rollouts_jax.sampling.batch import RolloutBatch
+from rollouts_jax.sampling.batch import RolloutBatch, teacher_forced_rows
 from rollouts_jax.training.config import RLConfig, parse_kwargs
 
 _SEQ_MODES = ("seq-mean-token-sum", "seq-mean-token-mean")
@@ -96,12 +96,8 @@ def completion_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array,
 
 def _rows(r: RolloutBatch):
   """Flattens [B, N] groups into R = B * N rows of prompt + completion."""
-  B, N, T = r.completion_ids.shape
-  P = r.prompt_ids.shape[1]
-  rep = lambda x: jnp.repeat(x, N, axis=0)
-  tokens = jnp.concatenate([rep(r.prompt_ids), r.completion_ids.reshape(B * N, T)], axis=1)
-  attn = jnp.concatenate([rep(r.prompt_mask), jnp.ones((B * N, T), bool)], axis=1)
-  return tokens, attn, P
+  tokens, attn = teacher_forced_rows(r.prompt_ids, r.prompt_mask, r.completion_ids)
+  return tokens, attn, r.prompt_ids.shape[1]
 
 
 def _weight(mask_rxT, total_tokens, total_seqs, total_rows, agg):

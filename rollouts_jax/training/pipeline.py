@@ -299,8 +299,6 @@ class RolloutPipeline:
     for k, v in info.items():
       if k.startswith("reward/"):
         stats.mean(k, v)
-    stats.texts = texts
-    stats.answers = info["answers"]
     return np.asarray(r, np.float32), info
 
   def _extras(self, batch: RolloutBatch, stats: "_Stats") -> RolloutBatch:
@@ -351,7 +349,6 @@ class _Stats:
   def __init__(self):
     self.sums: dict[str, float] = {}
     self.means: dict[str, list[float]] = {}
-    self.texts, self.answers = None, None
 
   def add(self, key, value):
     self.sums[key] = self.sums.get(key, 0.0) + float(value)

@@ -17,7 +17,7 @@ amc23) ask for ``\\boxed{...}``. ``formatting.ANSWER_FORMATS`` records which is 
 """
 
 from rollouts_jax.data.arithmetic import generate_arithmetic, worked_solution
-from rollouts_jax.data.batching import (DEFAULT_BUCKETS, PromptBatch, bucket_length,
+from rollouts_jax.data.batching import (DEFAULT_PROMPT_BUCKETS, PromptBatch, bucket_length,
                                         make_prompt_batch, pad_left, pad_right)
 from rollouts_jax.data.benchmarks import (BENCHMARK_FILES, BENCHMARKS_ENV,
                                           BenchmarkFilesMissingError, default_benchmarks_dir,
@@ -35,7 +35,7 @@ from rollouts_jax.data.tokenizers import (CharTokenizer, HFTokenizer, SentencePi
                                           Tokenizer, load_tokenizer, train_sentencepiece)
 
 __all__ = [
-    "generate_arithmetic", "worked_solution", "DEFAULT_BUCKETS", "PromptBatch", "bucket_length",
+    "generate_arithmetic", "worked_solution", "DEFAULT_PROMPT_BUCKETS", "PromptBatch", "bucket_length",
     "make_prompt_batch", "pad_left", "pad_right", "BENCHMARK_FILES", "BENCHMARKS_ENV",
     "BenchmarkFilesMissingError", "default_benchmarks_dir", "load_benchmark", "Aime24", "Amc23",
     "Arithmetic", "ArithmeticConfig", "Countdown", "CountdownConfig", "ExampleSource", "Gsm8k",

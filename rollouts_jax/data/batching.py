@@ -16,45 +16,28 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from rollouts_jax.data import formatting
+# The one bucketing rule and bucket tuple: the sampler's, so a batch padded here has the shape
+# the sampler would pad it to.
+from rollouts_jax.sampling import DEFAULT_PROMPT_BUCKETS, bucket_length
 
-__all__ = ["DEFAULT_BUCKETS", "bucket_length", "pad_left", "pad_right", "PromptBatch",
+__all__ = ["DEFAULT_PROMPT_BUCKETS", "bucket_length", "pad_left", "pad_right", "PromptBatch",
            "make_prompt_batch"]
 
-DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
-
-def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
-  """The smallest bucket >= ``length``.
-
-  Args:
-    length: a sequence length.
-    buckets: strictly increasing positive lengths.
-
-  Returns:
-    The bucket.
-
-  Raises:
-    ValueError: ``length`` exceeds the largest bucket, or the buckets are malformed.
-
-  >>> bucket_length(33, (32, 64))
-  64
-  """
+def _check_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
+  """The buckets as ints; an error unless they are strictly increasing and positive."""
   buckets = tuple(int(b) for b in buckets)
   if not buckets or any(b <= 0 for b in buckets) or any(
       x >= y for x, y in zip(buckets, buckets[1:])):
     raise ValueError(f"buckets must be strictly increasing positive ints, got {buckets}")
-  for b in buckets:
-    if length <= b:
-      return b
-  raise ValueError(f"a sequence of length {length} is longer than the largest bucket "
-                   f"{buckets[-1]}; add a bigger bucket or shorten the input")
+  return buckets
 
 
 def _pad(seqs: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int, left: bool):
   seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in seqs]
   if not seqs:
     raise ValueError("cannot pad an empty batch")
-  length = bucket_length(max(len(s) for s in seqs), buckets)
+  length = bucket_length(max(len(s) for s in seqs), _check_buckets(buckets))
   ids = np.full((len(seqs), length), pad_id, dtype=np.int32)
   mask = np.zeros((len(seqs), length), dtype=bool)
   for i, s in enumerate(seqs):
@@ -69,7 +52,7 @@ def _pad(seqs: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int, lef
   return ids, mask
 
 
-def pad_left(seqs: Sequence[Sequence[int]], buckets: Sequence[int] = DEFAULT_BUCKETS, *,
+def pad_left(seqs: Sequence[Sequence[int]], buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS, *,
              pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """Left-pads id lists to the smallest bucket that fits the longest.
 
@@ -88,7 +71,7 @@ def pad_left(seqs: Sequence[Sequence[int]], buckets: Sequence[int] = DEFAULT_BUC
   return _pad(seqs, buckets, pad_id, left=True)
 
 
-def pad_right(seqs: Sequence[Sequence[int]], buckets: Sequence[int] = DEFAULT_BUCKETS, *,
+def pad_right(seqs: Sequence[Sequence[int]], buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS, *,
               pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """Right-pads id lists to the smallest bucket that fits the longest (see :func:`pad_left`).
 
@@ -114,7 +97,7 @@ class PromptBatch(NamedTuple):
 
 
 def make_prompt_batch(examples: Sequence[Mapping[str, Any]], task: str, tokenizer, *,
-                      buckets: Sequence[int] = DEFAULT_BUCKETS, template: str = "plain",
+                      buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS, template: str = "plain",
                       add_bos: bool = False, **format_kwargs: Any) -> PromptBatch:
   """Formats, tokenizes and left-pads a batch of examples.
 

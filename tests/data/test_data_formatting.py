@@ -91,14 +91,30 @@ def test_pad_left_properties(seqs):
 
 
 def test_bucket_errors():
-  with pytest.raises(ValueError, match="longer than the largest bucket 4"):
+  with pytest.raises(ValueError, match="largest prompt bucket 4"):
     batching.pad_left([[1] * 5], buckets=(2, 4), pad_id=0)
   with pytest.raises(ValueError, match="strictly increasing"):
-    batching.bucket_length(3, (4, 2))
+    batching.pad_left([[1]], buckets=(4, 2), pad_id=0)
   with pytest.raises(ValueError, match="empty batch"):
     batching.pad_left([], buckets=(4,), pad_id=0)
   assert batching.bucket_length(32, (32, 64)) == 32
   assert batching.bucket_length(0, (32, 64)) == 32
+
+
+def test_one_bucketing_rule_with_the_sampler():
+  """Data and sampler share one bucket helper and tuple, so their padded widths cannot drift."""
+  from rollouts_jax import sampling
+  assert batching.bucket_length is sampling.bucket_length
+  assert batching.DEFAULT_PROMPT_BUCKETS is sampling.DEFAULT_PROMPT_BUCKETS
+  assert sampling.SamplingConfig().prompt_buckets == batching.DEFAULT_PROMPT_BUCKETS
+  for n in (1, 15, 16, 17, 100, 4096):
+    ids, _ = batching.pad_left([[1] * n], pad_id=0)   # default buckets
+    assert ids.shape[1] == sampling.bucket_length(n, sampling.SamplingConfig().prompt_buckets)
+  # The sampler's left padding of an already padded batch is then a no-op.
+  ids, mask = batching.pad_left([[3, 4, 5], [6]], pad_id=0)
+  P = sampling.bucket_length(ids.shape[1], sampling.DEFAULT_PROMPT_BUCKETS)
+  ids2, mask2 = sampling.left_pad_to(ids, mask, P, 0)
+  assert np.array_equal(np.asarray(ids2), ids) and np.array_equal(np.asarray(mask2), mask)
 
 
 def test_make_prompt_batch_round_trips():

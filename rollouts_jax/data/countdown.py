@@ -7,7 +7,8 @@ parentheses, e.g. ``"(12+7)*3"``). The solution uses every number exactly once a
 its intermediate values are non-negative integers (divisions are exact).
 
 The model's answer is the expression inside ``<answer>...</answer>`` (see
-:mod:`rollouts_jax.data.formatting`); :func:`check_solution` is the exact checker.
+:mod:`rollouts_jax.data.formatting`); :func:`check_solution` is the exact checker, the
+countdown reward's own rule (:mod:`rollouts_jax.rewards.countdown`).
 
 Difficulty levels (:data:`COUNTDOWN_LEVELS`):
 
@@ -29,11 +30,13 @@ True
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import fractions
 import random
 from typing import Collection, Sequence
+
+# The one countdown evaluator is the reward's; the data module generates instances and reuses it.
+from rollouts_jax.rewards import countdown as _grader
 
 __all__ = ["CountdownLevel", "COUNTDOWN_LEVELS", "generate_countdown", "evaluate_expression",
            "check_solution", "countdown_key"]
@@ -163,6 +166,9 @@ def generate_countdown(seed: int, split: str, num_examples: int, difficulty: int
 def evaluate_expression(expr: str) -> fractions.Fraction:
   """Exactly evaluates an arithmetic expression of integers, + - * / and parentheses.
 
+  The parser is the reward's (:func:`rollouts_jax.rewards.countdown.parse_expression`): one
+  grammar for the data and the grader.
+
   Args:
     expr: e.g. ``"(12+7)*3"``. Unary minus is allowed; nothing else (no names, calls, powers).
 
@@ -175,45 +181,20 @@ def evaluate_expression(expr: str) -> fractions.Fraction:
   >>> evaluate_expression("(12+7)*3/2")
   Fraction(57, 2)
   """
+  tree = _grader.parse_expression(expr)  # CountdownSyntaxError is a ValueError
   try:
-    tree = ast.parse(expr.strip(), mode="eval")
-  except SyntaxError as e:
-    raise ValueError(f"not an arithmetic expression: {expr!r}") from e
-
-  def ev(node):
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-      return fractions.Fraction(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-      v = ev(node.operand)
-      return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
-      a, b = ev(node.left), ev(node.right)
-      if isinstance(node.op, ast.Add):
-        return a + b
-      if isinstance(node.op, ast.Sub):
-        return a - b
-      if isinstance(node.op, ast.Mult):
-        return a * b
-      if b == 0:
-        raise ValueError(f"division by zero in {expr!r}")
-      return a / b
-    raise ValueError(f"not an arithmetic expression of integers and + - * /: {expr!r}")
-
-  return ev(tree.body)
-
-
-def _literals(expr: str) -> list[int] | None:
-  """The integer literals of an expression, or None if it negates anything (not allowed)."""
-  tree = ast.parse(expr.strip(), mode="eval")
-  if any(isinstance(n, ast.UnaryOp) for n in ast.walk(tree)):
-    return None
-  return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    return _grader.evaluate_expression(tree)
+  except ZeroDivisionError as e:
+    raise ValueError(f"division by zero in {expr!r}") from e
 
 
 def check_solution(expr: str, numbers: Sequence[int], target: int) -> bool:
   """True when ``expr`` uses each of ``numbers`` exactly once and equals ``target``.
 
-  Only binary + - * / and parentheses are allowed (no unary minus); division is exact.
+  The countdown reward's rule on a bare answer
+  (:func:`rollouts_jax.rewards.countdown.check_expression` with ``use_all=True``), so a
+  generated solution is exactly what the reward accepts: binary and unary + - * /,
+  parentheses, exact division, an optional ``= target`` tail.
 
   Args:
     expr: the proposed expression.
@@ -226,11 +207,4 @@ def check_solution(expr: str, numbers: Sequence[int], target: int) -> bool:
   >>> check_solution("(12+7)*3", [3, 12, 7], 57), check_solution("12*3", [3, 12, 7], 36)
   (True, False)
   """
-  try:
-    value = evaluate_expression(expr)
-  except ValueError:
-    return False
-  literals = _literals(expr)
-  if literals is None:
-    return False
-  return sorted(literals) == sorted(int(n) for n in numbers) and value == target
+  return _grader.check_expression(expr, numbers, target, use_all=True)

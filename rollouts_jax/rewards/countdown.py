@@ -256,28 +256,56 @@ def countdown_reward(completion: str, reference, *, use_all: bool = True,
         return 0.0
 
 
+def check_expression(answer: str, numbers: Sequence[int], target: int, *, use_all: bool = True) -> bool:
+    """Whether a bare countdown answer (no tags) is correct: the rule :func:`countdown_reward` grades by.
+
+    Args:
+        answer: an expression, optionally followed by ``= <integer>`` parts that must all
+            equal the target (``"(3+5)*2 = 16"``).
+        numbers: the given numbers; each literal must be one of them, used at most as often
+            as given (with ``use_all``: exactly as often).
+        target: the value to reach (exact rational arithmetic; division by zero is wrong).
+        use_all: require every number to be used.
+
+    Returns:
+        True or False (malformed text is False).
+
+    >>> check_expression("(3 + 5) * 2", [2, 3, 5], 16), check_expression("3 * 5", [2, 3, 5], 15)
+    (True, False)
+    """
+    try:
+        return _check(answer, tuple(int(n) for n in numbers), int(target), use_all)
+    except CountdownSyntaxError:
+        return False
+
+
+def _check(answer: str, nums: Sequence[int], target: int, use_all: bool) -> bool:
+    """:func:`check_expression`, raising :class:`CountdownSyntaxError` on text it cannot parse."""
+    expr, *claims = answer.split("=")
+    tree = parse_expression(expr)
+    claimed = [parse_expression(c) for c in claims]
+    if any(not isinstance(c, int) or c != target for c in claimed):
+        return False
+    used = collections.Counter(expression_literals(tree))
+    given = collections.Counter(nums)
+    if any(used[n] > given[n] for n in used):
+        return False  # an unknown number, or one used more often than given
+    if use_all and used != given:
+        return False
+    try:
+        value = evaluate_expression(tree)
+    except ZeroDivisionError:
+        return False
+    return value == target
+
+
 def _grade(completion: str, nums: Sequence[int], target: int, use_all: bool) -> float:
     answer = extract_countdown_answer(completion)
     if answer is None:
         common.record_failure("countdown/no_answer")
         return 0.0
-    expr, *claims = answer.split("=")
     try:
-        tree = parse_expression(expr)
-        claimed = [parse_expression(c) for c in claims]
+        return float(_check(answer, nums, target, use_all))
     except CountdownSyntaxError:
         common.record_failure("countdown/parse_error")
         return 0.0
-    if any(not isinstance(c, int) or c != target for c in claimed):
-        return 0.0
-    used = collections.Counter(expression_literals(tree))
-    given = collections.Counter(nums)
-    if any(used[n] > given[n] for n in used):
-        return 0.0  # an unknown number, or one used more often than given
-    if use_all and used != given:
-        return 0.0
-    try:
-        value = evaluate_expression(tree)
-    except ZeroDivisionError:
-        return 0.0
-    return float(value == target)

@@ -62,7 +62,8 @@ def test_evaluate_and_check_by_hand():
   assert not countdown.check_solution("12*3", [7, 3, 12], 36)            # 7 unused
   assert not countdown.check_solution("12*3+7+7", [7, 3, 12], 50)        # 7 twice
   assert not countdown.check_solution("(12+7)*3", [7, 3, 12], 58)        # wrong value
-  assert not countdown.check_solution("-3+12+7", [7, 3, 12], 16)         # unary minus
+  assert countdown.check_solution("-3+12+7", [7, 3, 12], 16)             # unary minus, as the reward
+  assert countdown.check_solution("(12+7)*3 = 57", [7, 3, 12], 57)       # a "= target" tail, as the reward
   assert not countdown.check_solution("12/(7-7)+3", [7, 7, 12, 3], 3)    # division by zero
   assert not countdown.check_solution("__import__('os')", [1], 1)
   assert not countdown.check_solution("2**3", [2, 3], 8)
@@ -154,3 +155,29 @@ def test_arithmetic_space_limits_and_errors():
     arithmetic.generate_arithmetic(0, "train", 1, digits=2, min_digits=3)
   with pytest.raises(ValueError, match="op must be"):
     arithmetic.worked_solution(1, "-", 2)
+
+
+_EXPR_CHARS = "0123456789+-*/() ="
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 199), st.text(alphabet=_EXPR_CHARS, max_size=24), st.sampled_from(["", "+1", "-x", "*2"]))
+def test_countdown_checker_is_the_rewards(idx, noise, tail):
+  """One countdown evaluator: the data checker and the reward agree on generated, mutated and random text."""
+  from rollouts_jax import rewards
+  ex = _COUNTDOWN_POOL[idx]
+  nums, target = ex["numbers"], ex["target"]
+  for expr in (ex["solution"], ex["solution"] + tail, noise, ex["solution"][: len(noise)] + noise,
+               ex["solution"] + "=" + str(target)):
+    ok = countdown.check_solution(expr, nums, target)
+    graded = rewards.countdown_reward(formatting.wrap_answer(expr), (nums, target))
+    assert ok == (graded == 1.0), (expr, nums, target)
+    try:
+      value = countdown.evaluate_expression(expr)
+    except ValueError:
+      continue
+    assert value == rewards.evaluate_expression(rewards.parse_expression(expr))
+
+
+_COUNTDOWN_POOL = [ex for d in sorted(countdown.COUNTDOWN_LEVELS)
+                   for ex in countdown.generate_countdown(5, "test", 200 // len(countdown.COUNTDOWN_LEVELS) + 1, d)]

@@ -19,6 +19,7 @@ from rollouts_jax import data as data_lib
 from rollouts_jax.rewards import countdown as countdown_lib
 from rollouts_jax.rewards import extract as extract_lib
 from rollouts_jax.rewards import gsm8k as gsm8k_lib
+from rollouts_jax.rewards import label_free
 from rollouts_jax.rewards import math_verifier
 
 
@@ -332,23 +333,11 @@ def task_reward(task_name: str, text: str, reference: Any) -> float:
 def majority_answer(task: Task, answers: Sequence[Optional[str]]) -> tuple[Optional[str], int]:
   """The most frequent answer (ties: first seen), merging answers the task judges the `same`.
 
+  The one majority vote (:func:`rollouts_jax.rewards.majority_vote`) over the answers mapped
+  to their first equal representative (:func:`rollouts_jax.rewards.canonicalize_answers`).
+
   >>> majority_answer(get("arithmetic"), ["5", None, "4", "5"])
   ('5', 2)
   """
-  reps: list[str] = []
-  counts: list[int] = []
-  for a in answers:
-    if a is None or a == "":
-      continue
-    for i, r in enumerate(reps):
-      if a == r or task.same(r, a):
-        counts[i] += 1
-        break
-    else:
-      reps.append(a)
-      counts.append(1)
-  if not reps:
-    return None, 0
-  best = max(range(len(reps)), key=lambda i: (counts[i], -i))
-  return reps[best], counts[best]
+  return label_free.majority_vote(label_free.canonicalize_answers(answers, task.same))
 

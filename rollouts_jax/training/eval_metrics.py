@@ -19,6 +19,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from rollouts_jax.rewards import label_free
+
 
 def _as_int_array(x, name: str) -> np.ndarray:
   arr = np.asarray(x)
@@ -109,10 +111,11 @@ def mean_pass_at_k(correct_BxN, k: int) -> float:
 
 
 def majority_answer(answers: Sequence[Hashable | None]) -> int | None:
-  """Index of the sample whose answer wins the vote, or None if every answer is None.
+  """Index of the sample whose answer wins the vote, or None if no sample has an answer.
 
-  None answers (nothing extracted) take no part. The winner has the highest count; ties go
-  to the answer that appears first. The returned index is that answer's first occurrence.
+  The vote is the one majority vote, :func:`rollouts_jax.rewards.majority_vote`: None (and
+  empty) answers take no part, the winner has the highest count and ties go to the answer
+  that appears first. The returned index is that answer's first occurrence.
 
   >>> majority_answer(["4", None, "5", "5", "4"])   # "4" and "5" tie; "4" came first
   0
@@ -121,18 +124,9 @@ def majority_answer(answers: Sequence[Hashable | None]) -> int | None:
   >>> majority_answer([None, None]) is None
   True
   """
-  counts: dict = {}
-  first: dict = {}
-  for idx, a in enumerate(answers):
-    if a is None:
-      continue
-    counts[a] = counts.get(a, 0) + 1
-    first.setdefault(a, idx)
-  if not counts:
-    return None
-  # dicts keep insertion order, so max() returns the earliest answer among the tied ones.
-  best = max(counts, key=counts.__getitem__)
-  return first[best]
+  answers = list(answers)
+  label, _ = label_free.majority_vote(answers)
+  return None if label is None else answers.index(label)
 
 
 def maj_at_k(answers_per_prompt: Sequence[Sequence[Hashable | None]],

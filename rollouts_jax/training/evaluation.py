@@ -79,7 +79,8 @@ class Evaluator:
                                  np.asarray(out.completion_mask))
       r, info = self.scorer(texts, refs)
       correct.append(r >= 1.0)
-      answers += [[_vote_key(task, row, a) for a in row] for row in info["answers"]]
+      # Answers the task judges the same share one representative before the vote.
+      answers += [rewards.canonicalize_answers(row, task.same) for row in info["answers"]]
       if greedy:
         g = jax.device_get(sampling.sample(self.cfg, params, ids, mask, key, conf.replace(num_samples=1, greedy=True)))
         gtexts = decode_completions(self.prompter.tokenizer, np.asarray(g.completion_ids),
@@ -94,12 +95,3 @@ class Evaluator:
       result["eval/greedy_accuracy"] = float(np.concatenate(greedy_correct).mean())
     return result
 
-
-def _vote_key(task: tasks.Task, row: Sequence[Any], answer: Any) -> Any:
-  """The representative of `answer` among the row's answers that the task judges the same."""
-  if answer is None:
-    return None
-  for other in row:
-    if other is not None and (other == answer or task.same(other, answer)):
-      return other
-  return answer

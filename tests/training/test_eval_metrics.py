@@ -152,3 +152,22 @@ def test_maj_at_k_errors():
     maj_at_k([["1", "2"]], [[True]], 1)
   with pytest.raises(ValueError, match="k must be an int"):
     maj_at_k([["1"]], [[True]], 0)
+
+
+def test_one_majority_vote_everywhere():
+  """maj@k's vote, the task's vote, TTRL's pseudo-label and self-consistency pick the same answer."""
+  from rollouts_jax import rewards, tasks
+  rng = random.Random(1)
+  math = tasks.get("math500")
+  for _ in range(300):
+    pool = rng.choice([["1", "2", "3"], ["0.5", r"\frac{1}{2}", "1/2", "3", ""]])
+    answers = [rng.choice(pool + [None]) for _ in range(rng.randint(0, 8))]
+    label, count = rewards.majority_vote(answers)
+    idx = majority_answer(answers)
+    assert (None if idx is None else answers[idx]) == label, answers
+    assert tasks.majority_answer(tasks.get("arithmetic"), answers) == (label, count), answers
+    assert rewards.majority_vote_select(answers).answer == label, answers
+    # Evaluation merges what the task judges the same, then votes: the task's own vote.
+    merged = rewards.canonicalize_answers(answers, math.same)
+    idx = majority_answer(merged)
+    assert (None if idx is None else merged[idx]) == tasks.majority_answer(math, answers)[0], answers

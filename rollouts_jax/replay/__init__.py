@@ -7,7 +7,7 @@ A config chooses a buffer by name (`replay.name`: "none" or a registered buffer)
 
 >>> from rollouts_jax import replay
 >>> replay.names()
-['none', 'fifo']
+['none', 'fifo', 'prioritized']
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ from typing import Callable
 
 from rollouts_jax.replay.base import BufferState, RolloutBuffer, group_versions
 from rollouts_jax.replay.fifo import fifo
+from rollouts_jax.replay.partial import partial_rollouts
+from rollouts_jax.replay.prioritized import group_usefulness, prioritized
 
 #: name -> buffer factory `(capacity, example, *, max_staleness) -> RolloutBuffer`.
-REGISTRY: dict[str, Callable[..., RolloutBuffer]] = {"fifo": fifo}
+#: (`partial_rollouts` is not here: it is APRIL's store, enabled by `rollout.partial_rollouts`.)
+REGISTRY: dict[str, Callable[..., RolloutBuffer]] = {"fifo": fifo, "prioritized": prioritized}
 
 
 def names() -> list[str]:
@@ -34,4 +37,5 @@ def get(name: str, key: str = "replay.name"):
   return REGISTRY[name]
 
 
-__all__ = ["BufferState", "REGISTRY", "RolloutBuffer", "fifo", "get", "group_versions", "names"]
+__all__ = ["BufferState", "REGISTRY", "RolloutBuffer", "fifo", "get", "group_usefulness", "group_versions", "names",
+           "partial_rollouts", "prioritized"]

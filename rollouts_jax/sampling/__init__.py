@@ -8,9 +8,10 @@
 
 from rollouts_jax.sampling.batch import RolloutBatch, concat, from_samples
 from rollouts_jax.sampling.sampler import (DEFAULT_PROMPT_BUCKETS, SampleOutput, SamplingConfig,
-                                           bucket_length, left_pad_to, mask_after_eos,
-                                           process_logits, sample)
+                                           bucket_length, continue_from, finished_rows, left_pad_to,
+                                           mask_after_eos, process_logits, sample)
 from rollouts_jax.sampling import sol_rl
 
 __all__ = ["DEFAULT_PROMPT_BUCKETS", "RolloutBatch", "SampleOutput", "SamplingConfig", "bucket_length", "concat",
-           "from_samples", "left_pad_to", "mask_after_eos", "process_logits", "sample", "sol_rl"]
+           "continue_from",
+           "finished_rows", "from_samples", "left_pad_to", "mask_after_eos", "process_logits", "sample", "sol_rl"]

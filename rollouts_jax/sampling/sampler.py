@@ -262,13 +262,16 @@ def _choose(logits_RxV: jax.Array, key: jax.Array, config: SamplingConfig):
   return _choose_u(logits_RxV, jax.random.uniform(key, (logits_RxV.shape[0],), jnp.float32), config)
 
 
-def _row_uniforms(row_keys_R: jax.Array, step: jax.Array) -> jax.Array:
-  """One uniform per row, a function of (that row's key, step) only.
+def _row_uniforms(row_keys_R: jax.Array, step) -> jax.Array:
+  """One uniform per row, a function of (that row's key, its completion position) only.
 
   Each sample owns a key (folded from the call's key and its sample index), so what a
-  sample draws does not depend on which chunk it was decoded in, nor on the batch.
+  sample draws does not depend on which chunk it was decoded in, nor on the batch. `step`
+  is a scalar or, for continued rows, a per-row [R] completion position, so a row resumed
+  from its first t tokens draws what it would have drawn uninterrupted.
   """
-  return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step), (), jnp.float32))(row_keys_R)
+  step_R = jnp.broadcast_to(jnp.asarray(step, jnp.int32), row_keys_R.shape[:1])
+  return jax.vmap(lambda k, t: jax.random.uniform(jax.random.fold_in(k, t), (), jnp.float32))(row_keys_R, step_R)
 
 
 @flax.struct.dataclass
@@ -298,6 +301,8 @@ class _Prefix:
   v: tuple                    # per layer [B, K, P, Dh]
   mask: jax.Array             # bool [B, P]
   positions_R: jax.Array      # int32 [R]: rotary position of each row's first generated token
+  offset_R: jax.Array | None = None  # int32 [R]: completion tokens before the first decoded one
+  limit_R: jax.Array | None = None   # int32 [R]: at most this many tokens are decoded per row
 
 
 def _decode_forward(cfg: ModelConfig, config: SamplingConfig, params: Params, prefix: _Prefix,
@@ -331,7 +336,8 @@ def _decode_forward(cfg: ModelConfig, config: SamplingConfig, params: Params, pr
 def _sample_step(cfg: ModelConfig, config: SamplingConfig, params: Params, prefix: _Prefix,
                  row_keys_R: jax.Array, view: int, state: _DecodeState) -> _DecodeState:
   """One decoding step: choose a token per row, write it, run it through the model."""
-  u = _row_uniforms(row_keys_R, state.step)
+  position = state.step if prefix.offset_R is None else state.step + prefix.offset_R
+  u = _row_uniforms(row_keys_R, position)
   token, lp, plp, ent = _choose_u(state.logits_RxV, u, config)
   live = ~state.done_R
   token = jnp.where(live, token, config.pad_id)
@@ -340,6 +346,8 @@ def _sample_step(cfg: ModelConfig, config: SamplingConfig, params: Params, prefi
   done = state.done_R
   if config.eos_ids:
     done = done | jnp.isin(token, jnp.asarray(config.eos_ids, jnp.int32))
+  if prefix.limit_R is not None:
+    done = done | (state.step + 1 >= prefix.limit_R)
   logits, kt, v = _decode_forward(cfg, config, params, prefix, state, token, view)
   return _DecodeState(
       step=state.step + 1, kt=kt, v=v, logits_RxV=logits,
@@ -366,7 +374,8 @@ def cache_views(max_new_tokens: int, segments: int) -> tuple[int, ...]:
   return tuple(min(max_new_tokens, seg * (i + 1)) for i in range(-(-max_new_tokens // seg)))
 
 
-def _decode(cfg, config, params, prefix: _Prefix, first_logits_RxV, row_keys_R, shard_ctx) -> _DecodeState:
+def _decode(cfg, config, params, prefix: _Prefix, first_logits_RxV, row_keys_R, shard_ctx,
+            stop_groups: tuple[int, int] | None = None) -> _DecodeState:
   R, T = first_logits_RxV.shape[0], config.max_new_tokens
   L, K, Dh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
   zeros = jnp.zeros((R, T), jnp.float32)
@@ -380,7 +389,15 @@ def _decode(cfg, config, params, prefix: _Prefix, first_logits_RxV, row_keys_R, 
       logits_RxV=first_logits_RxV,
       tokens_RxT=jnp.full((R, T), config.pad_id, jnp.int32), logprobs_RxT=zeros,
       policy_logprobs_RxT=zeros, entropy_RxT=zeros, mask_RxT=jnp.zeros((R, T), bool),
-      done_R=jnp.zeros((R,), bool))
+      done_R=jnp.zeros((R,), bool) if prefix.limit_R is None else prefix.limit_R <= 0)
+
+  def running(done_R):
+    if stop_groups is None:
+      return ~jnp.all(done_R)
+    group_size, target = stop_groups
+    finished_groups = jnp.sum(jnp.all(done_R.reshape(-1, group_size), axis=1))
+    return (finished_groups < target) & ~jnp.all(done_R)
+
   for i, view in enumerate(views):
     if i:
       # The generated-token cache grows between segments (one copy per segment): attention
@@ -391,7 +408,7 @@ def _decode(cfg, config, params, prefix: _Prefix, first_logits_RxV, row_keys_R, 
                             v=tuple(jnp.pad(x, ((0, 0), (0, 0), (0, grow), (0, 0))) for x in state.v))
     state = state.replace(kt=tuple(sharding.constrain(x, kt_axes, shard_ctx) for x in state.kt),
                           v=tuple(sharding.constrain(x, v_axes, shard_ctx) for x in state.v))
-    cond = lambda s, view=view: (s.step < view) & ~jnp.all(s.done_R)
+    cond = lambda s, view=view: (s.step < view) & running(s.done_R)
     body = functools.partial(_sample_step, cfg, config, params, prefix, row_keys_R, view)
     state = jax.lax.while_loop(cond, body, state)
   return state
@@ -427,9 +444,10 @@ def auto_sample_chunk(cfg: ModelConfig, config: SamplingConfig, batch: int) -> i
   return -(-N // num_chunks)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 6))
+@functools.partial(jax.jit, static_argnums=(0, 1, 6), static_argnames=("stop_groups",))
 def _sample_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask, key,
-                shard_ctx: sharding.ShardingContext | None = None):
+                shard_ctx: sharding.ShardingContext | None = None, row_ids=None, offset_R=None, limit_R=None,
+                stop_groups: tuple[int, int] | None = None):
   B, P = prompt_ids.shape
   N, T = config.num_samples, config.max_new_tokens
   n = auto_sample_chunk(cfg, config, B)
@@ -452,10 +470,13 @@ def _sample_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt
     # Rows are prompt-major: row b * n + j is sample chunk_index * n + j of prompt b.
     rep = lambda x: jnp.repeat(x, n, axis=0)
     sample_ids = (jnp.arange(B)[:, None] * N + chunk_index * n + jnp.arange(n)[None, :]).reshape(-1)
+    if row_ids is not None:  # continued rows (N = 1): each keeps its original sample's stream
+      sample_ids = row_ids
     row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(sample_ids)
     prefix = _Prefix(layers=layer_params, k=prefix_k, v=prefix_v, mask=prompt_mask,
-                     positions_R=sharding.constrain(rep(cache.next_pos), ("batch",), shard_ctx))
-    s = _decode(cfg, config, params, prefix, rep(logits_Bx1xV[:, 0]), row_keys, shard_ctx)
+                     positions_R=sharding.constrain(rep(cache.next_pos), ("batch",), shard_ctx),
+                     offset_R=offset_R, limit_R=limit_R)
+    s = _decode(cfg, config, params, prefix, rep(logits_Bx1xV[:, 0]), row_keys, shard_ctx, stop_groups)
     group = lambda x: x.reshape(B, n, T)
     return (group(s.tokens_RxT), group(s.mask_RxT), group(s.logprobs_RxT), group(s.policy_logprobs_RxT),
             group(s.entropy_RxT))
@@ -572,3 +593,148 @@ def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask:
   prompt_ids, prompt_mask = left_pad_to(prompt_ids, prompt_mask, P_bucket, config.pad_id)
   return _sample_jit(cfg, config, params, jnp.asarray(prompt_ids, jnp.int32),
                      jnp.asarray(prompt_mask, bool), key, sharding.current_context())
+
+
+def finished_rows(completion_ids, completion_mask, config: SamplingConfig):
+  """bool [..., N]: rows that ended, by an EOS or by reaching `max_new_tokens` tokens.
+
+  A row that is neither was stopped early (`continue_from(..., stop_after_groups=...)`) and
+  can be resumed with `continue_from`.
+
+  >>> ids = np.array([[[5, 2, 0], [5, 6, 0], [5, 6, 7]]]); m = ids > 0
+  >>> finished_rows(ids, m, SamplingConfig(max_new_tokens=3, eos_id=2)).tolist()
+  [[True, False, True]]
+  """
+  xp = np if isinstance(completion_ids, np.ndarray) else jnp
+  lengths = completion_mask.sum(-1)
+  done = lengths >= config.max_new_tokens
+  if config.eos_ids:
+    done = done | xp.any(xp.isin(completion_ids, xp.asarray(config.eos_ids)) & completion_mask, axis=-1)
+  return done
+
+
+@jax.jit
+def _combine_prefixes(prompt_ids_BxP, prompt_mask_BxP, prefix_ids_BxNxL, prefix_mask_BxNxL):
+  """[B*N, P+L] left-padded rows holding each sample's prompt followed by its prefix."""
+  B, N, L = prefix_ids_BxNxL.shape
+  P = prompt_ids_BxP.shape[1]
+  ids = jnp.concatenate([jnp.repeat(prompt_ids_BxP, N, axis=0), prefix_ids_BxNxL.reshape(B * N, L)], axis=1)
+  mask = jnp.concatenate([jnp.repeat(prompt_mask_BxP, N, axis=0), prefix_mask_BxNxL.reshape(B * N, L)], axis=1)
+  lengths = prefix_mask_BxNxL.reshape(B * N, L).sum(-1)
+  # Roll each row right by its prefix's padding, so the padding moves to the left.
+  src = (jnp.arange(P + L)[None, :] - (L - lengths)[:, None]) % (P + L)
+  return jnp.take_along_axis(ids, src, axis=1), jnp.take_along_axis(mask, src, axis=1)
+
+
+@jax.jit
+def _assemble(prefix_BxNxL, lengths_BxN, new_BxNxT):
+  """Each row's prefix followed by its new tokens, cut to T."""
+  L, T = prefix_BxNxL.shape[-1], new_BxNxT.shape[-1]
+  t = jnp.arange(T)
+  from_new = jnp.take_along_axis(new_BxNxT, jnp.clip(t - lengths_BxN[..., None], 0, T - 1), axis=-1)
+  padded = jnp.pad(prefix_BxNxL, ((0, 0), (0, 0), (0, T - L))) if T > L else prefix_BxNxL
+  return jnp.where(t < lengths_BxN[..., None], padded.astype(new_BxNxT.dtype), from_new)
+
+
+def continue_from(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, prefix_ids, prefix_mask,
+                  key: jax.Array, config: SamplingConfig, *, prefix_logprobs=None, prefix_policy_logprobs=None,
+                  prefix_entropy=None, finished=None, stop_after_groups: int = 0) -> SampleOutput:
+  """Resumes N partial completions per prompt from their prefixes (partial rollouts).
+
+  Row (b, n) continues after its prefix's `len(b, n)` tokens until EOS or until it holds
+  `config.max_new_tokens` tokens in all. Its random stream is sample b * N + n of `key`
+  with the draws at completion positions len, len + 1, ... . So resuming the first t
+  tokens of `sample(..., key, config)` under the same params draws the same uniforms the
+  uninterrupted sample did (the tokens then agree up to the numerics of a prefill against
+  a decode). A fresh prompt is a continuation from an empty prefix.
+
+  Args:
+    cfg, params: the model (the policy that now continues the rows).
+    prompt_ids, prompt_mask: int32 / bool [B, P], left-padded, as for `sample`.
+    prefix_ids: int32 [B, N, L] (L <= max_new_tokens), each row's completion so far.
+    prefix_mask: bool [B, N, L], True on a left-aligned run of tokens (the prefix).
+    key: PRNG key.
+    config: the SamplingConfig; `num_samples` is ignored (N comes from the prefixes).
+    prefix_logprobs, prefix_policy_logprobs, prefix_entropy: optional float32 [B, N, L],
+      kept as the outputs' values at prefix positions (the earlier policy's behaviour
+      log-probs survive the resume; zeros where not given).
+    finished: optional bool [B, N], rows not to extend (also implied by an EOS in the
+      prefix or a full-length prefix).
+    stop_after_groups: if > 0, decoding stops once this many prompts have every one of
+      their N rows finished (APRIL's early stop); the other rows come back partial, with
+      `finished_rows` False, to be resumed later. 0: every row runs to its end.
+  Returns:
+    A SampleOutput [B, N, T]: prefixes followed by their continuations.
+  Raises:
+    ValueError: for mismatched shapes, a prefix longer than max_new_tokens, a prefix mask
+      that is not left-aligned, and every error `sample` raises for its prompts.
+
+  >>> cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
+  ...                   num_heads=2, num_kv_heads=1, head_dim=8)
+  >>> params = models.init_params(cfg, jax.random.key(0))
+  >>> config = SamplingConfig(num_samples=2, max_new_tokens=6, prompt_buckets=())
+  >>> ids, mask = jnp.array([[3, 4, 5]]), jnp.ones((1, 3), bool)
+  >>> full = sample(cfg, params, ids, mask, jax.random.key(1), config)
+  >>> part = full.completion_ids[:, :, :2]
+  >>> resumed = continue_from(cfg, params, ids, mask, part, jnp.ones_like(part, bool),
+  ...                         jax.random.key(1), config)
+  >>> bool((resumed.completion_ids[:, :, :2] == part).all())
+  True
+  """
+  if not isinstance(config, SamplingConfig):
+    raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}.")
+  if prompt_ids.ndim != 2 or prompt_mask.shape != prompt_ids.shape:
+    raise ValueError(f"prompt_ids and prompt_mask must both be [B, P]; got {prompt_ids.shape} "
+                     f"and {prompt_mask.shape}.")
+  B = prompt_ids.shape[0]
+  if prefix_ids.ndim != 3 or prefix_mask.shape != prefix_ids.shape or prefix_ids.shape[0] != B:
+    raise ValueError(f"prefix_ids and prefix_mask must both be [B={B}, N, L]; got {prefix_ids.shape} "
+                     f"and {prefix_mask.shape}.")
+  _, N, L = prefix_ids.shape
+  T = config.max_new_tokens
+  if L > T:
+    raise ValueError(f"Prefixes hold {L} columns, more than max_new_tokens={T}.")
+  for name, value in (("prefix_logprobs", prefix_logprobs), ("prefix_policy_logprobs", prefix_policy_logprobs),
+                      ("prefix_entropy", prefix_entropy)):
+    if value is not None and tuple(value.shape) != (B, N, L):
+      raise ValueError(f"{name} must be [B, N, L]={(B, N, L)}, got {tuple(value.shape)}.")
+  if finished is not None and tuple(finished.shape) != (B, N):
+    raise ValueError(f"finished must be [B, N]={(B, N)}, got {tuple(finished.shape)}.")
+  if not 0 <= int(stop_after_groups) <= B:
+    raise ValueError(f"stop_after_groups must be in [0, B={B}], got {stop_after_groups}.")
+  pm = np.asarray(jax.device_get(prefix_mask), bool)
+  if (pm[..., 1:] & ~pm[..., :-1]).any():
+    raise ValueError("prefix_mask must be True on a left-aligned run of each row (no gap after the first "
+                     "False); right-pad the prefixes.")
+  _check_prompts(cfg, config, prompt_ids, prompt_mask)
+  lengths = jnp.asarray(pm.sum(-1), jnp.int32)
+  prefix_ids = jnp.where(pm, jnp.asarray(prefix_ids, jnp.int32), 0)
+  done = finished_rows(prefix_ids, jnp.asarray(pm), config)
+  if finished is not None:
+    done = done | jnp.asarray(finished, bool)
+  ids, mask = _combine_prefixes(jnp.asarray(prompt_ids, jnp.int32), jnp.asarray(prompt_mask, bool),
+                                prefix_ids, jnp.asarray(pm))
+  width = int(ids.shape[1])
+  # Prompt + prefix rows are bucketed like prompts (beyond the largest bucket: to a multiple
+  # of 64), so a stream of ragged prefixes compiles once per bucket.
+  width = (bucket_length(width, config.prompt_buckets) if width <= max(config.prompt_buckets, default=0)
+           else -(-width // 64) * 64)
+  ids, mask = left_pad_to(ids, mask, width, config.pad_id)
+  limit = jnp.where(done, 0, T - lengths).reshape(-1)
+  inner = config.replace(num_samples=1, sample_chunk=1)
+  stop = (N, int(stop_after_groups)) if stop_after_groups else None
+  out = _sample_jit(cfg, inner, params, ids, mask, key, sharding.current_context(),
+                    row_ids=jnp.arange(B * N, dtype=jnp.int32), offset_R=lengths.reshape(-1), limit_R=limit,
+                    stop_groups=stop)
+  grouped = lambda x: x.reshape(B, N, T)
+  keep = lambda given, new: _assemble(jnp.zeros((B, N, L), new.dtype) if given is None
+                                      else jnp.where(pm, jnp.asarray(given, new.dtype), 0), lengths, grouped(new))
+  tokens = _assemble(prefix_ids, lengths, grouped(out.completion_ids))
+  new_mask = grouped(out.completion_mask)
+  completion_mask = _assemble(jnp.asarray(pm), lengths, new_mask)
+  tokens = jnp.where(completion_mask, tokens, config.pad_id)
+  return SampleOutput(completion_ids=tokens, completion_mask=completion_mask,
+                      logprobs=keep(prefix_logprobs, out.logprobs),
+                      policy_logprobs=keep(prefix_policy_logprobs, out.policy_logprobs),
+                      entropy=keep(prefix_entropy, out.entropy),
+                      lengths=jnp.sum(completion_mask, axis=-1, dtype=jnp.int32))

@@ -92,6 +92,11 @@ class RolloutConfig:
   # num_samples of the fp4_pool_size samples per prompt.
   fp4: str = ""                 # "" (off), "nvfp4" or "mxfp4"
   fp4_pool_size: int = 0        # FP4 samples per prompt (0: num_samples, no selection)
+  # APRIL partial rollouts: request ceil(prompts_per_step * (1 + over_provision)) groups (stored
+  # unfinished ones first), stop decoding once prompts_per_step groups have finished, and resume
+  # the others in later steps under the newer policy (rl.tis_cap corrects their staleness).
+  partial_rollouts: bool = False
+  over_provision: float = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,6 +344,14 @@ def validate(cfg: ExperimentConfig) -> None:
   if not 0.0 < ro.top_p <= 1.0:
     raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
+  if ro.partial_rollouts:
+    if not ro.over_provision > 0:
+      raise ValueError(f"Config key rollout.over_provision must be > 0 with rollout.partial_rollouts, "
+                       f"got {ro.over_provision}.")
+    for key, on in (("rollout.fp4", bool(ro.fp4)), ("control.dynamic_sampling", cfg.control.dynamic_sampling),
+                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
+      if on:
+        raise ValueError(f"rollout.partial_rollouts does not combine with {key}; turn one of them off.")
   if ro.fp4_pool_size and ro.fp4_pool_size < ro.num_samples:
     raise ValueError(f"rollout.fp4_pool_size {ro.fp4_pool_size} must be >= rollout.num_samples {ro.num_samples}.")
   if ro.fp4_pool_size and not ro.fp4:

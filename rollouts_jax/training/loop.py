@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import pathlib
 import time
@@ -104,6 +105,9 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
   factory = replay.get(rp.name)
   if factory is not None:
     pipe.buffer = factory(rp.capacity, pipe.buffer_example(), max_staleness=rp.max_staleness)
+  if exp.rollout.partial_rollouts:  # APRIL
+    pipe.partial_requests = math.ceil(c.prompts_per_step * (1 + exp.rollout.over_provision))
+    pipe.partial = replay.partial_rollouts(pipe.partial_requests, pipe.buffer_example())
   return pipe
 
 

@@ -16,6 +16,12 @@ One step (`collect`):
      are offered first the next step.
   5. The selector learns from every generated group (`selector.update`); the batch gets the
      extras its advantage recipe reads (clusters, sequence log-probs, reference rewards).
+
+With partial rollouts (APRIL), step 2 instead over-provisions requests (stored unfinished
+groups first, then fresh prompts), stops decoding once B groups have finished, and stores
+every other group, finished or not, in `replay.partial_rollouts` to be resumed next step
+under the newer policy (`sampling.continue_from`); each token keeps the behaviour log-prob
+and the policy version that produced it.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ class PipelineState:
   control: Any
   replay: Any = None
   ref: Any = None
+  partial: Any = None
 
 
 @dataclasses.dataclass
@@ -72,6 +79,8 @@ class RolloutPipeline:
     clusters: "strategy" or "answer" cluster ids for uniqueness recipes (None: not needed).
     ref_samples, ref_refresh: PVPO reference rollouts per prompt and their refresh period.
     overlong_buffer: DAPO soft overlong punishment (0: off).
+    partial, partial_requests: APRIL's store of unfinished groups and the groups requested
+      per step (None / 0: off).
     seed: the run's seed.
   """
   cfg: models.ModelConfig
@@ -94,6 +103,8 @@ class RolloutPipeline:
   ref_refresh: int = 0
   overlong_buffer: int = 0
   max_failure_frac: float = 0.5
+  partial: Optional[replay.RolloutBuffer] = None
+  partial_requests: int = 0
   seed: int = 0
 
   @property
@@ -113,7 +124,8 @@ class RolloutPipeline:
     if self.ref_samples:
       n = len(self.examples)
       ref = RefRewards(rewards=jnp.zeros((n, self.ref_samples), jnp.float32), step=jnp.full((n,), -1, jnp.int32))
-    return PipelineState(control=self.selector.init(), replay=buf, ref=ref)
+    partial = self.partial.init() if self.partial is not None else None
+    return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial)
 
   def buffer_example(self) -> RolloutBatch:
     """The group shape stored in the replay buffer (prompts padded to max_prompt_len's bucket)."""
@@ -142,7 +154,15 @@ class RolloutPipeline:
         parts.append(got.take(np.flatnonzero(np.any(got.sample_mask, axis=1))))
     refill = 0
     ref_state = state.ref
-    while True:
+    partial_state = state.partial
+    while self.partial is not None:  # APRIL: one over-provisioned, early-stopped generation
+      part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, step, key, stats)
+      plan = control.Plan(indices=part.prompt_index, budget=part.sample_mask.sum(1).astype(np.int32))
+      ctl = self.selector.update(ctl, plan, part.rewards, part.sample_mask, entropy_BxN=_mean_entropy(part),
+                                 lengths_BxN=np.asarray(part.lengths))
+      parts.append(part)
+      break
+    while self.partial is None:
       plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B)
       part = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats)
       n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
@@ -212,7 +232,7 @@ class RolloutPipeline:
         "refills": float(refill), "replay/used": float(replayed),
         "rollouts": float(stats.get("rollouts")),
     })
-    return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state), info
+    return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state, partial=partial_state), info
 
   # -- stages ------------------------------------------------------------------------------------
   def _sample(self, params, ids, mask, key, conf):
@@ -259,6 +279,7 @@ class RolloutPipeline:
       batch = batch.replace(rewards=r)
       stats.add("rollouts", float(N * len(idx)))
       stats.add("generated_tokens", float(np.asarray(batch.lengths).sum()))
+      stats.add("rollout/padding_frac", _padding_frac(np.asarray(batch.lengths).ravel()))
       if second is not None:
         second = second.replace(rewards=info["second_view_rewards"])
         stats.add("rollouts", float(N * len(idx)))
@@ -269,6 +290,64 @@ class RolloutPipeline:
     if batch.prompt_ids.shape[0] != budget_mask.shape[0]:   # two views: both follow the plan's budget
       budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))
     return batch.replace(sample_mask=batch.sample_mask & budget_mask)
+
+  def _generate_partial(self, params, ctl, pstate, step: int, key: jax.Array, stats: "_Stats"):
+    """APRIL: B finished, scored groups; unfinished and surplus groups go back to the store."""
+    B, N = self.batch_size, self.num_samples
+    conf = self.sampling_config
+    T = conf.max_new_tokens
+    got, pstate = self.partial.sample(pstate, None, self.partial_requests)
+    got = jax.device_get(got)
+    resumed = got.take(np.flatnonzero(np.asarray(got.prompt_index) >= 0))
+    n_old = resumed.prompt_ids.shape[0]
+    n_new = self.partial_requests - n_old
+    ex = self.buffer_example()
+    groups = [resumed] if n_old else []
+    if n_new:
+      plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100), n_new)
+      idx = np.asarray(plan.indices)
+      ids, mask = self.prompter([self.examples[int(i)] for i in idx])
+      ids, mask = sampling.left_pad_to(np.asarray(ids), np.asarray(mask), ex.prompt_ids.shape[1], conf.pad_id)
+      fresh = RolloutBatch.empty(n_new, N, ids.shape[1], T).replace(
+          prompt_ids=ids.astype(np.int32), prompt_mask=mask.astype(bool), prompt_index=idx.astype(np.int32),
+          sample_mask=np.asarray(plan.sample_mask(N)), entropy=np.zeros((n_new, N, T), np.float32))
+      groups.append(fresh)
+      stats.add("rollouts_budget", float(np.asarray(plan.budget).sum()))
+    req = jax.device_get(groups[0] if len(groups) == 1 else sampling.concat(groups))
+    was = np.asarray(req.completion_mask)
+    done_in = np.asarray(sampling.finished_rows(req.completion_ids, was, conf)) | ~np.asarray(req.sample_mask)
+    L = min(T, max(8, -(-int(was.sum(-1).max(initial=0)) // 8) * 8))
+    t0 = time.perf_counter()
+    out = jax.device_get(sampling.continue_from(
+        self.cfg, params, req.prompt_ids, req.prompt_mask, np.asarray(req.completion_ids)[..., :L], was[..., :L], key,
+        conf, prefix_logprobs=np.asarray(req.behaviour_logprobs)[..., :L],
+        prefix_entropy=np.asarray(req.entropy)[..., :L], finished=done_in, stop_after_groups=B))
+    stats.add("time/sample", time.perf_counter() - t0)
+    new = np.asarray(out.completion_mask) & ~was
+    batch = req.replace(completion_ids=np.asarray(out.completion_ids), completion_mask=np.asarray(out.completion_mask),
+                        behaviour_logprobs=np.asarray(out.logprobs, np.float32),
+                        entropy=np.asarray(out.entropy, np.float32),
+                        policy_version=np.where(new, step, np.asarray(req.policy_version)).astype(np.int32))
+    done = np.asarray(sampling.finished_rows(batch.completion_ids, batch.completion_mask, conf)) | done_in
+    finished = np.flatnonzero(done.all(axis=1))   # stored (older) groups come first
+    use = finished[:B]
+    rest = np.setdiff1d(np.arange(req.prompt_ids.shape[0]), use)
+    if rest.size:
+      pstate = self.partial.add(pstate, batch.take(rest))
+    batch = batch.take(use)
+    examples = [self.examples[int(i)] for i in np.asarray(batch.prompt_index)]
+    r, _ = self._score(batch, examples, stats)
+    batch = batch.replace(rewards=r)
+    live = np.asarray(batch.completion_mask) & np.asarray(batch.sample_mask)[..., None]
+    stats.add("rollouts", float(n_new * N))
+    stats.add("generated_tokens", float(new.sum()))
+    stats.add("rollout/padding_frac", _padding_frac(new.sum(-1)[~done_in]))
+    stats.add("april/resumed_groups", float(n_old))
+    stats.add("april/stored_groups", float(rest.size))
+    stats.add("april/stored_unfinished_groups", float((~done[rest].all(axis=1)).sum()))
+    stats.add("april/off_policy_token_frac",
+              float((np.asarray(batch.policy_version) < step)[live].mean()) if live.any() else 0.0)
+    return batch, ctl, pstate
 
   def _score(self, batch: RolloutBatch, examples, stats: "_Stats", second_view: RolloutBatch | None = None):
     """FILTER: rewards [B, N] of a batch (references read only when the reward needs labels)."""
@@ -365,6 +444,18 @@ class _Stats:
     for k in ("time/sample", "time/score", "grader_failures", "generated_tokens"):
       out.setdefault(k, 0.0)
     return out
+
+
+def _padding_frac(new_tokens_R: np.ndarray) -> float:
+  """The share of a decode loop's row-steps that produced no token (an accelerator-idle proxy).
+
+  The loop runs as many steps as its longest row; a row that ended earlier pads the rest.
+
+  >>> _padding_frac(np.array([4, 2, 2]))
+  0.3333333333333333
+  """
+  steps = int(new_tokens_R.max(initial=0))
+  return 1.0 - float(new_tokens_R.sum()) / (new_tokens_R.size * steps) if steps else 0.0
 
 
 def _mean_entropy(batch: RolloutBatch) -> np.ndarray:

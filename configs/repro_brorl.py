@@ -1,0 +1,40 @@
+r"""Reproduction study `brorl` (BroRL, arXiv 2510.01180): rollouts per prompt vs update steps.
+
+Arms, on the miniature of `configs/repro_base.py` with 2 prompts a step and 60 steps (so
+that N = 128 stays affordable on one core):
+
+  n8         N = 8 samples a prompt, 60 steps
+  n32        N = 32, 60 steps
+  n128       N = 128, 60 steps
+  n8_steps4  N = 8, 240 steps (4x the updates; the rollouts of n32)
+
+  python experiments/train.py --config=configs/repro_brorl.py:n128 --workdir=/tmp/repro_brorl
+"""
+
+import os
+
+from rollouts_jax.training.config import apply_smoke, load_config_file, parse_config_arg
+
+
+def _arm(num_samples, step_factor=1):
+  def edit(config):
+    config.control.prompts_per_step = 2
+    config.rollout.num_samples = num_samples
+    config.rl.steps = 60 * step_factor
+  return edit
+
+
+ARMS = {"n8": _arm(8), "n32": _arm(32), "n128": _arm(128), "n8_steps4": _arm(8, 4)}
+
+
+def get_config(arg=None):
+  words = parse_config_arg(arg or next(iter(ARMS)), allowed=tuple(ARMS) + ("smoke",))
+  arms = [w for w in words if w != "smoke"] or [next(iter(ARMS))]
+  if len(arms) != 1:
+    raise ValueError(f"Name one arm; arms: {', '.join(ARMS)}.")
+  smoke = "smoke" in words
+  config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
+  ARMS[arms[0]](config)
+  if smoke:
+    apply_smoke(config)
+  return config

@@ -1,0 +1,42 @@
+r"""Reproduction study `sol_rl` (Sol-RL, arXiv 2604.06916): FP4 exploration, full-precision training.
+
+Arms, on the miniature of `configs/repro_base.py` (8 completions a prompt trained on):
+
+  full       8 full-precision samples a prompt, all trained on
+  fp4_subset an NVFP4 copy of the policy samples 16 a prompt; the 4 best and 4 worst are
+             trained on (log-probs recomputed in full precision)
+  fp4_naive  8 NVFP4 samples a prompt, all trained on (no pool, no selection)
+
+  python experiments/train.py --config=configs/repro_sol_rl.py:fp4_subset --workdir=/tmp/repro_sol
+"""
+
+import os
+
+from rollouts_jax.training.config import apply_smoke, load_config_file, parse_config_arg
+
+
+def _arm(fp4, pool):
+  def edit(config):
+    config.rollout.num_samples = 8
+    config.rollout.fp4 = fp4
+    config.rollout.fp4_pool_size = pool
+    config.control.subset = "contrastive"
+  return edit
+
+
+ARMS = {"full": _arm("", 0), "fp4_subset": _arm("nvfp4", 16), "fp4_naive": _arm("nvfp4", 0)}
+
+
+def get_config(arg=None):
+  words = parse_config_arg(arg or next(iter(ARMS)), allowed=tuple(ARMS) + ("smoke",))
+  arms = [w for w in words if w != "smoke"] or [next(iter(ARMS))]
+  if len(arms) != 1:
+    raise ValueError(f"Name one arm; arms: {', '.join(ARMS)}.")
+  smoke = "smoke" in words
+  config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
+  ARMS[arms[0]](config)
+  if smoke:
+    apply_smoke(config)
+    if config.rollout.fp4_pool_size:
+      config.rollout.fp4_pool_size = 2 * config.rollout.num_samples
+  return config

@@ -1,0 +1,38 @@
+r"""Reproduction study `ttrl` (TTRL, arXiv 2504.16084): one arm per config argument.
+
+Arms, on the miniature of `configs/repro_base.py` with 8 samples a prompt:
+
+  ground_truth  GRPO on the task's verifier (reads the reference answers)
+  ttrl          GRPO on agreement with the group's majority answer (no reference read in RL)
+
+The held-out evaluation of both arms grades against the test split's answers.
+
+  python experiments/train.py --config=configs/repro_ttrl.py:ttrl --workdir=/tmp/repro_ttrl
+"""
+
+import os
+
+from rollouts_jax.training.config import apply_smoke, load_config_file, parse_config_arg
+
+
+def _arm(reward):
+  def edit(config):
+    config.reward.name = reward
+    config.rollout.num_samples = 8
+  return edit
+
+
+ARMS = {"ground_truth": _arm("task"), "ttrl": _arm("ttrl")}
+
+
+def get_config(arg=None):
+  words = parse_config_arg(arg or next(iter(ARMS)), allowed=tuple(ARMS) + ("smoke",))
+  arms = [w for w in words if w != "smoke"] or [next(iter(ARMS))]
+  if len(arms) != 1:
+    raise ValueError(f"Name one arm; arms: {', '.join(ARMS)}.")
+  smoke = "smoke" in words
+  config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
+  ARMS[arms[0]](config)
+  if smoke:
+    apply_smoke(config)
+  return config

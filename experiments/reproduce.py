@@ -1,0 +1,565 @@
+r"""Science in miniature: the seed papers' headline claims, rerun on small tasks through the real loop.
+
+  python experiments/reproduce.py --study=mc_grpo --seeds=3
+  python experiments/reproduce.py --study=mc_grpo,ttrl,uniqueness,brorl,sol_rl --stop_at=09:50
+  python experiments/reproduce.py --study=all --smoke          # every study's cheapest form
+
+Each study is a set of arms (`configs/repro_STUDY.py:ARM`) run for every seed through
+`experiments/train.py`, one training process at a time, each run in its own workdir
+(`--runs_dir/STUDY/ARM/seedS`). Runs are resumable one by one: a run whose `result.json`
+exists is reused, and a killed run is started again on its workdir, which resumes it from
+its last checkpoint. Every seed of a study starts from one warm start (the config's SFT warm
+start for seed 0, passed as a local checkpoint), so seeds differ only in the RL run. Runs
+are ordered seed-major (seed 0 of every arm first), so a study stopped early has balanced
+arms.
+
+Writes `experiments/results/repro_STUDY.{json,md,png}` (or `--results_dir`): per arm, the
+study's metrics as mean +- spread over seeds (spread: the sample standard deviation,
+ddof=1), the per-seed values, the run's compute (rollouts, generated tokens, sampling and
+update seconds, wall time), a verdict on the paper's claim under a stated rule, and how the
+miniature differs from the paper. `--smoke` runs every arm once with the config's `smoke`
+variant (one RL step of a tiny model) in this process, for the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "experiments" / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """A paper's claim, the arms that test it and the metrics that decide it.
+
+  Attributes:
+    name: the study's name (`--study`), also its config file `configs/repro_NAME.py`.
+    paper: the paper (title and arXiv id).
+    claim: the claim under test, in one sentence.
+    arms: arm names, each a config argument of the study's config file.
+    metrics: {column: key} of a run's result (see `run_result`); the first is the headline.
+    verdict: a function of the aggregated table -> (held: True / False / None, reason).
+    rule: the verdict's rule, in words.
+    miniature: how the miniature differs from the paper.
+    extra: extra config overrides of every run of the study ("key=value").
+  """
+  name: str
+  paper: str
+  claim: str
+  arms: tuple[str, ...]
+  metrics: dict[str, str]
+  verdict: Callable[[dict], tuple[bool | None, str]]
+  rule: str
+  miniature: str
+  extra: tuple[str, ...] = ()
+
+  @property
+  def headline_arms(self) -> tuple[str, ...]:
+    """The two arms of the claim's main comparison (the test suite's smoke subset)."""
+    return self.arms[:2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation and verdicts (pure functions of run results; tested on hand-made results).
+# ---------------------------------------------------------------------------------------------
+
+def mean_spread(values: Sequence[float]) -> dict[str, Any]:
+  """Mean, sample standard deviation (ddof=1; 0 for one value), standard error and n.
+
+  >>> mean_spread([1.0, 2.0, 3.0])
+  {'mean': 2.0, 'spread': 1.0, 'se': 0.5773502691896258, 'n': 3}
+  """
+  vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+  n = len(vals)
+  if not n:
+    return {"mean": None, "spread": None, "se": None, "n": 0}
+  mean = sum(vals) / n
+  spread = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+  return {"mean": mean, "spread": spread, "se": spread / math.sqrt(n), "n": n}
+
+
+def aggregate(study: Study, results: Sequence[dict]) -> dict[str, dict[str, Any]]:
+  """{arm: {column: mean_spread(...) | per-seed values}} over the runs of each arm.
+
+  Args:
+    study: the study (its arms and metrics).
+    results: run results, each with "arm", "seed" and the keys that `study.metrics` names.
+
+  Returns:
+    For each arm with at least one run: each metric column's `mean_spread` plus "values"
+    (per seed, in seed order) and "seeds".
+  """
+  table = {}
+  for arm in study.arms:
+    runs = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["seed"])
+    if not runs:
+      continue
+    row = {"seeds": [r["seed"] for r in runs]}
+    for column, key in study.metrics.items():
+      values = [r.get(key) for r in runs]
+      row[column] = dict(mean_spread(values), values=values)
+    table[arm] = row
+  return table
+
+
+def _m(table, arm, column):
+  cell = table.get(arm, {}).get(column)
+  return (cell["mean"], cell["se"] or 0.0) if cell and cell["mean"] is not None else (None, None)
+
+
+def _diff(table, a, b, column):
+  """(mean of a - mean of b, its standard error), or (None, None) if either arm is missing."""
+  ma, sa = _m(table, a, column)
+  mb, sb = _m(table, b, column)
+  if ma is None or mb is None:
+    return None, None
+  return ma - mb, math.sqrt(sa ** 2 + sb ** 2)
+
+
+def _fmt(x, digits=3):
+  return "n/a" if x is None else f"{x:+.{digits}f}"
+
+
+def verdict_mc_grpo(t):
+  gap, gap_se = _diff(t, "g8_mean", "g2_mean", "pass@1 after")
+  gain, gain_se = _diff(t, "g2_median", "g2_mean", "pass@1 after")
+  if gap is None or gain is None:
+    return None, "not all of g2_mean, g2_median, g8_mean ran"
+  text = (f"G=8 mean - G=2 mean = {_fmt(gap)} (se {gap_se:.3f}); G=2 median - G=2 mean = {_fmt(gain)} "
+          f"(se {gain_se:.3f})")
+  if gap <= gap_se:
+    return None, text + ": G=8 does not beat G=2 by more than its standard error here, so there is no gap to close"
+  return gain >= gap / 2 and gain > gain_se, text
+
+
+def verdict_ttrl(t):
+  gt, gt_se = _diff(t, "ground_truth", "ground_truth", "pass@1 after")
+  del gt, gt_se
+  g_gain, g_se = _m(t, "ground_truth", "pass@1 gain")
+  l_gain, l_se = _m(t, "ttrl", "pass@1 gain")
+  if g_gain is None or l_gain is None:
+    return None, "not both arms ran"
+  text = f"pass@1 gain: ground truth {_fmt(g_gain)} (se {g_se:.3f}), TTRL {_fmt(l_gain)} (se {l_se:.3f})"
+  if g_gain <= g_se:
+    return None, text + ": the ground-truth run itself does not gain beyond its standard error"
+  return l_gain > l_se and l_gain >= g_gain / 2, text
+
+
+def verdict_uniqueness(t):
+  dk, dk_se = _diff(t, "uniqueness", "grpo", "pass@16 after")
+  d1, d1_se = _diff(t, "uniqueness", "grpo", "pass@1 after")
+  if dk is None:
+    return None, "not both arms ran"
+  text = (f"uniqueness - GRPO: pass@16 {_fmt(dk)} (se {dk_se:.3f}), pass@1 {_fmt(d1)} (se {d1_se:.3f})")
+  return dk > dk_se and abs(d1) <= 2 * max(d1_se, 1e-9), text
+
+
+def verdict_brorl(t):
+  vals = {a: _m(t, a, "pass@1 gain")[0] for a in ("n8", "n32", "n128", "n8_steps4")}
+  if any(vals[a] is None for a in ("n8", "n32", "n128")):
+    return None, "not all of n8, n32, n128 ran"
+  text = "pass@1 gain: " + ", ".join(f"{a} {_fmt(v)}" for a, v in vals.items() if v is not None)
+  d, d_se = _diff(t, "n128", "n8", "pass@1 gain")
+  monotone = vals["n8"] <= vals["n32"] <= vals["n128"]
+  beats_steps = vals["n8_steps4"] is None or vals["n128"] >= vals["n8_steps4"]
+  return monotone and d > d_se and beats_steps, text
+
+
+def verdict_sol_rl(t):
+  d, d_se = _diff(t, "fp4_subset", "full", "pass@1 gain")
+  if d is None:
+    return None, "not both of full and fp4_subset ran"
+  ts, _ = _m(t, "fp4_subset", "sample s/step")
+  tf, _ = _m(t, "full", "sample s/step")
+  text = (f"fp4_subset - full pass@1 gain {_fmt(d)} (se {d_se:.3f}); rollout seconds per step "
+          f"{ts:.2f} (FP4 pool of 16) vs {tf:.2f} (full precision, 8): FP4 is simulated on this CPU")
+  return d >= -2 * d_se, text
+
+
+_COMMON = {"pass@1 before": "eval/pass@1 before", "pass@1 after": "eval/pass@1 after",
+           "pass@1 gain": "eval/pass@1 gain"}
+_COMPUTE = {"rollouts": "rollouts", "sample s/step": "sample_s_per_step", "update s/step": "update_s_per_step",
+            "wall s": "wall_s"}
+
+STUDIES = {s.name: s for s in [
+    Study(
+        name="mc_grpo", paper="MC-GRPO (arXiv 2601.22582)",
+        claim="With small groups, a median baseline over G+1 samples (pivot left out) keeps accuracy close to "
+              "large groups.",
+        arms=("g2_mean", "g2_median", "g8_mean", "g8_median"),
+        metrics={**_COMMON, "pass@4 after": "eval/pass@4 after", "train reward, last 10": "reward_last10",
+                 **_COMPUTE},
+        verdict=verdict_mc_grpo,
+        rule="held if G=8 (mean) beats G=2 (mean) by more than a standard error and the G=2 median arm "
+             "(3 samples, pivot excluded) closes at least half of that gap (and beats G=2 mean by more than "
+             "its standard error)",
+        miniature="3-digit addition with a 0.6M-parameter character model (paper: Qwen3-1.7B / Qwen2.5-Math on "
+                  "GSM8K and MATH); 80 RL steps of 8 prompts; binary reward; MAD scaling falls back to the "
+                  "std on zero-MAD groups instead of MAD + 1e-3 (|A| = 1000 in the reference code); 200 held-out "
+                  "prompts x 4 samples"),
+    Study(
+        name="ttrl", paper="TTRL (arXiv 2504.16084)",
+        claim="Majority-vote pseudo-labels, with no ground truth, approach the ground-truth reward run on the "
+              "same prompts.",
+        arms=("ground_truth", "ttrl"),
+        metrics={**_COMMON, "maj@4 after": "eval/maj@4 after",
+                 "train reward (agreement for TTRL), last 10": "reward_last10", **_COMPUTE},
+        verdict=verdict_ttrl,
+        rule="held if TTRL's held-out pass@1 gain is above its standard error and at least half of the "
+             "ground-truth run's gain; collapse shows as a training reward near 1 (the group agrees with "
+             "itself) while held-out pass@1 falls",
+        miniature="votes over 8 samples (paper: 64, training on 32); RL on the training split's prompts, "
+                  "not the test set; arithmetic instead of AIME/MATH; 80 steps of 8 prompts"),
+    Study(
+        name="uniqueness", paper="Rewarding the Rare (arXiv 2601.08763)",
+        claim="Reweighting correct samples by strategy rarity raises pass@k at large k versus GRPO at equal "
+              "pass@1.",
+        arms=("grpo", "uniqueness"),
+        metrics={**_COMMON, "pass@16 before": "eval/pass@16 before", "pass@16 after": "eval/pass@16 after",
+                 "pass@16 gain": "eval/pass@16 gain", "strategies per group": "clusters_per_group",
+                 **_COMPUTE},
+        verdict=verdict_uniqueness,
+        rule="held if uniqueness beats GRPO on held-out pass@16 by more than a standard error while pass@1 "
+             "stays within two standard errors",
+        miniature="countdown with 3 numbers and a character model; strategies are canonical expression "
+                  "structures, not an LLM judge's clusters; alpha = 0.5; pass@16 on 100 prompts (paper: "
+                  "AUC of pass@k up to k = 256 on math benchmarks); 80 steps of 8 prompts x 8 samples"),
+    Study(
+        name="brorl", paper="BroRL (arXiv 2510.01180)",
+        claim="More rollouts per prompt (N = 8, 32, 128) keep improving at a fixed number of update steps, "
+              "where more steps at small N plateau.",
+        arms=("n8", "n32", "n128", "n8_steps4"),
+        metrics={**_COMMON, "train reward, last 10": "reward_last10", "informative groups": "informative_groups",
+                 **_COMPUTE},
+        verdict=verdict_brorl,
+        rule="held if held-out pass@1 gain rises with N at 60 steps (n8 <= n32 <= n128, n128 - n8 above its "
+             "standard error) and n128 is at least n8 run for 4x the steps",
+        miniature="2 prompts a step (paper: hundreds of prompts x N = 512 from a ProRL checkpoint); 60 steps; "
+                  "arithmetic; the compute columns are this CPU's"),
+    Study(
+        name="sol_rl", paper="Sol-RL (arXiv 2604.06916)",
+        claim="An FP4 rollout pool with a contrastive subset matches full-precision rollouts in reward per "
+              "update, at lower rollout cost where the hardware favours FP4.",
+        arms=("full", "fp4_subset", "fp4_naive"),
+        metrics={**_COMMON, "FP4 pool reward": "sol/pool_reward_mean", "FP4 log-prob gap": "sol/fp4_logprob_gap",
+                 **_COMPUTE},
+        verdict=verdict_sol_rl,
+        rule="held (quality half) if the FP4 contrastive subset's held-out pass@1 gain is within two standard "
+             "errors of the full-precision run's or above; the cost half cannot be tested here: a CPU has no "
+             "FP4 units and the FP4 matmul is simulated, so FP4 rollouts are slower",
+        miniature="a language model on arithmetic (paper: diffusion image models, 24-in-96 with fewer ODE "
+                  "steps in the draft); 8-in-16; NVFP4 weights with fake-quantized matmuls; 80 steps of 8 "
+                  "prompts"),
+]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------------------------
+
+def config_arg(study: str, arm: str, smoke: bool) -> str:
+  return f"configs/repro_{study}.py:{arm}" + (",smoke" if smoke else "")
+
+
+def _load_exp(study: str, arm: str, smoke: bool, overrides: Sequence[str] = ()):
+  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  path, _, arg = config_arg(study, arm, smoke).partition(":")
+  config = config_lib.load_config_file(REPO / path, arg)
+  for item in overrides:
+    _set(config, item)
+  return config
+
+
+def _set(config, item: str) -> None:
+  import ast  # pylint: disable=g-import-not-at-top
+  key, _, raw = item.partition("=")
+  *parents, leaf = key.split(".")
+  node = config
+  for p in parents:
+    node = node[p]
+  try:
+    value = ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    value = raw
+  if isinstance(node[leaf], float) and isinstance(value, int):
+    value = float(value)
+  node[leaf] = value
+
+
+def warm_start_overrides(study: Study, smoke: bool, env: dict, *, in_process: bool) -> list[str]:
+  """Overrides that load the study's seed-0 SFT warm start as a local checkpoint (built if absent)."""
+  from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import config as config_lib, policy  # pylint: disable=g-import-not-at-top
+  exp = config_lib.from_config_dict(_load_exp(study.name, study.arms[0], smoke, study.extra))
+  root = pathlib.Path(exp.sft.cache_dir) if exp.sft.cache_dir else tasks.cache_root() / "warmstart"
+  folder = root / f"{exp.data.task}-{policy.warm_start_key(exp.data, exp.tokenizer, exp.model, exp.sft, exp.seed)}"
+  if not (folder / "done.json").exists():
+    print(f"[{study.name}] building the warm start", flush=True)
+    if in_process:
+      from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
+      train, _ = loop.load_task(exp)
+      loop.warm_start(exp, train)
+    else:
+      cmd = [sys.executable, "experiments/sft.py", f"--config={config_arg(study.name, study.arms[0], smoke)}"]
+      cmd += [f"--config.{o}" for o in study.extra]
+      subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+  return ["model.init=hf", f"model.hf_path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
+
+
+def run_result(workdir: pathlib.Path) -> dict[str, Any]:
+  """A finished run's numbers from its `summary.json` and `metrics.jsonl`.
+
+  Returns:
+    {"eval/<metric> before|after|gain", "reward_last10" (mean training reward of the last 10
+    steps), "rollouts" (total), "generated_tokens", "sample_s_per_step", "update_s_per_step"
+    (medians), and the mean of every `sol/*`, `clusters_per_group` and `informative_groups`
+    metric logged}.
+  """
+  summary = json.loads((workdir / "summary.json").read_text())
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+  steps = {}
+  for r in rows:  # one row per step (a resumed run may have rewritten some)
+    if "reward_mean" in r:
+      steps[r["step"]] = r
+  steps = [steps[k] for k in sorted(steps)]
+  out: dict[str, Any] = {}
+  for phase in ("before", "after"):
+    for k, v in summary.get(phase, {}).items():
+      out[f"{k} {phase}"] = v
+  for k in summary.get("after", {}):
+    if k in summary.get("before", {}):
+      out[f"{k} gain"] = summary["after"][k] - summary["before"][k]
+
+  def med(key):
+    vals = sorted(r[key] for r in steps if key in r)
+    return vals[len(vals) // 2] if vals else None
+
+  out["reward_last10"] = sum(r["reward_mean"] for r in steps[-10:]) / max(len(steps[-10:]), 1)
+  out["rollouts"] = sum(r.get("rollouts", 0.0) for r in steps)
+  out["generated_tokens"] = sum(r.get("generated_tokens", 0.0) for r in steps)
+  out["sample_s_per_step"] = med("time/sample")
+  out["update_s_per_step"] = med("time/update")
+  out["steps"] = len(steps)
+  for key in {k for r in steps for k in r if k.startswith("sol/") or k in ("clusters_per_group",
+                                                                            "informative_groups")}:
+    vals = [r[key] for r in steps if key in r]
+    out[key] = sum(vals) / len(vals)
+  return out
+
+
+def run_one(study: Study, arm: str, seed: int, workdir: pathlib.Path, overrides: Sequence[str], *, smoke: bool,
+            env: dict, in_process: bool) -> dict[str, Any]:
+  """Runs (or reuses, or resumes) one arm x seed; returns its result (also written to result.json)."""
+  result_file = workdir / "result.json"
+  if result_file.exists():
+    return json.loads(result_file.read_text())
+  workdir.mkdir(parents=True, exist_ok=True)
+  wall_file = workdir / "wall_s.json"
+  earlier = json.loads(wall_file.read_text())["wall_s"] if wall_file.exists() else 0.0
+  overrides = list(study.extra) + list(overrides) + [f"seed={seed}"]
+  t0 = time.time()
+  if in_process:
+    from rollouts_jax.training import config as config_lib, loop  # pylint: disable=g-import-not-at-top
+    exp = config_lib.from_config_dict(_load_exp(study.name, arm, smoke, overrides))
+    loop.train(exp, workdir, progress=False)
+  else:
+    cmd = [sys.executable, "experiments/train.py", f"--config={config_arg(study.name, arm, smoke)}",
+           f"--workdir={workdir}", "--progress=false"] + [f"--config.{o}" for o in overrides]
+    with open(workdir / "train.log", "a") as log:
+      proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode:
+      wall_file.write_text(json.dumps({"wall_s": earlier + time.time() - t0}))
+      raise RuntimeError(f"{study.name}/{arm}/seed{seed} failed (exit {proc.returncode}); see {workdir}/train.log")
+  wall = earlier + time.time() - t0
+  result = dict(run_result(workdir), arm=arm, seed=seed, wall_s=wall)
+  result_file.write_text(json.dumps(result, indent=1))
+  return result
+
+
+def child_env(threads: int, cache_dir: pathlib.Path) -> dict:
+  """The environment of a training subprocess: `threads` CPU threads, a persistent compile cache."""
+  env = dict(os.environ)
+  if threads:
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                        f"intra_op_parallelism_threads={threads}").strip()
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+      env[var] = str(threads)
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir))
+  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables and plots
+# ---------------------------------------------------------------------------------------------
+
+def _cell(cell, digits=3):
+  if not cell or cell["mean"] is None:
+    return "n/a"
+  if cell["n"] < 2:
+    return f"{cell['mean']:.{digits}f}"
+  return f"{cell['mean']:.{digits}f} +- {cell['spread']:.{digits}f}"
+
+
+def write_outputs(study: Study, results: Sequence[dict], out_dir: pathlib.Path, *, planned_seeds: int,
+                  smoke: bool, missing: Sequence[str] = (), plot: bool = True) -> dict[str, Any]:
+  """Writes repro_STUDY.json and .md (and .png); returns the JSON document."""
+  table = aggregate(study, results)
+  held, reason = study.verdict(table)
+  doc = {"study": study.name, "paper": study.paper, "claim": study.claim, "rule": study.rule,
+         "miniature": study.miniature, "smoke": smoke, "planned_seeds": planned_seeds,
+         "held": held, "verdict": reason, "not_run": list(missing), "arms": table,
+         "runs": sorted(results, key=lambda r: (r["arm"], r["seed"]))}
+  out_dir.mkdir(parents=True, exist_ok=True)
+  stem = out_dir / f"repro_{study.name}"
+  (stem.with_suffix(".json")).write_text(json.dumps(doc, indent=1))
+  word = {True: "held", False: "did not hold", None: "inconclusive"}[held]
+  lines = [f"# Reproduction `{study.name}`: {study.paper}" + (" (smoke run: not a result)" if smoke else ""), "",
+           f"Claim: {study.claim}", "",
+           f"Verdict: **{word}**. {reason}.", "", f"Rule: {study.rule}.", "",
+           f"Miniature: {study.miniature}.", "",
+           "Cells: mean +- sample standard deviation over seeds (n seeds in the last column).", "",
+           "| arm | " + " | ".join(study.metrics) + " | seeds |",
+           "|---|" + "---|" * (len(study.metrics) + 1)]
+  for arm, row in table.items():
+    cells = []
+    for column in study.metrics:
+      digits = 0 if column in ("rollouts", "wall s") else (2 if column.endswith("s/step") else 3)
+      cells.append(_cell(row[column], digits))
+    lines.append(f"| {arm} | " + " | ".join(cells) + f" | {len(row['seeds'])} |")
+  if missing:
+    lines += ["", "Not run (stopped before the deadline or failed): " + ", ".join(missing) + "."]
+  (stem.with_suffix(".md")).write_text("\n".join(lines) + "\n")
+  if plot and table:
+    _plot(study, table, stem.with_suffix(".png"))
+  return doc
+
+
+def _plot(study: Study, table: dict, path: pathlib.Path) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  columns = [c for c in study.metrics if c.startswith("pass@") and ("after" in c or "gain" in c)][:3]
+  fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns), 3.4), squeeze=False)
+  arms = list(table)
+  for ax, column in zip(axes[0], columns):
+    means = [table[a][column]["mean"] or 0.0 for a in arms]
+    spreads = [table[a][column]["spread"] or 0.0 for a in arms]
+    ax.bar(range(len(arms)), means, yerr=spreads, capsize=4, color="#8fb3d9", edgecolor="#35618f")
+    for i, a in enumerate(arms):
+      vals = [v for v in table[a][column]["values"] if v is not None]
+      ax.plot([i] * len(vals), vals, "o", color="#222", ms=3)
+    ax.set_xticks(range(len(arms)))
+    ax.set_xticklabels(arms, rotation=20)
+    ax.set_title(column)
+    ax.axhline(0, color="#999", lw=0.6)
+  fig.suptitle(f"{study.name}: {study.paper} (mean +- sd over seeds, dots: seeds)", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+
+def _past(stop_at: str | None) -> bool:
+  if not stop_at:
+    return False
+  now = datetime.datetime.now(datetime.timezone.utc)
+  hh, mm = (int(x) for x in stop_at.split(":"))
+  return (now.hour, now.minute) >= (hh, mm)
+
+
+def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, results_dir: pathlib.Path,
+                smoke: bool = False, in_process: bool | None = None, threads: int = 1,
+                stop_at: str | None = None, arms: Sequence[str] = (), plot: bool = True,
+                log: Callable[[str], None] = print) -> dict[str, dict]:
+  """Runs the studies one after another (each seed-major) and writes their tables.
+
+  Args:
+    names: study names, in order of priority.
+    seeds: seeds per arm (0 .. seeds-1).
+    runs_dir: parent of every run's workdir (`runs_dir/STUDY/ARM/seedS`).
+    results_dir: where `repro_STUDY.{json,md,png}` go.
+    smoke: the configs' `smoke` variants, one seed.
+    in_process: run `loop.train` in this process (default: only for smoke) instead of
+      `experiments/train.py` subprocesses.
+    threads: CPU threads of each training subprocess (0: JAX's default).
+    stop_at: "HH:MM" (UTC): start no run after this time; the rest is reported as not run.
+    arms: if given, only these arms (of any study).
+    plot: write the PNG.
+    log: progress lines.
+
+  Returns:
+    {study: the JSON document written}.
+  """
+  in_process = smoke if in_process is None else in_process
+  seeds = 1 if smoke else seeds
+  env = child_env(threads, runs_dir / "jax_cache")
+  docs = {}
+  for name in names:
+    study = STUDIES[name]
+    chosen = [a for a in study.arms if not arms or a in arms]
+    results, missing, overrides = [], [], None
+    for seed in range(seeds):
+      for arm in chosen:
+        workdir = runs_dir / ("smoke" if smoke else "") / name / arm / f"seed{seed}"
+        if not (workdir / "result.json").exists() and _past(stop_at):
+          missing.append(f"{arm}/seed{seed}")
+          continue
+        try:
+          if overrides is None:
+            overrides = warm_start_overrides(study, smoke, env, in_process=in_process)
+          t0 = time.time()
+          result = run_one(study, arm, seed, workdir, overrides, smoke=smoke, env=env, in_process=in_process)
+          log(f"[{name}] {arm} seed {seed}: pass@1 {result.get('eval/pass@1 before', float('nan')):.3f} -> "
+              f"{result.get('eval/pass@1 after', float('nan')):.3f}, wall {result['wall_s']:.0f} s "
+              f"({time.time() - t0:.0f} s now)")
+          results.append(result)
+        except RuntimeError as e:
+          log(str(e))
+          missing.append(f"{arm}/seed{seed} (failed)")
+        write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing, plot=False)
+    docs[name] = write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing,
+                               plot=plot)
+  return docs
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--study", required=True, help="a study, a comma-separated list, or 'all'")
+  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--smoke", action="store_true", help="every arm's smoke variant, one seed, in-process")
+  parser.add_argument("--arms", default="", help="comma-separated arms to run (default: all)")
+  parser.add_argument("--runs_dir", default=os.path.join(tempfile.gettempdir(), "rollouts_repro"))
+  parser.add_argument("--results_dir", default=str(RESULTS))
+  parser.add_argument("--threads", type=int, default=1, help="CPU threads per training process (0: default)")
+  parser.add_argument("--stop_at", default=None, help="HH:MM UTC after which no new run starts")
+  parser.add_argument("--no_plot", action="store_true")
+  args = parser.parse_args(argv)
+  names = list(STUDIES) if args.study == "all" else args.study.split(",")
+  for n in names:
+    if n not in STUDIES:
+      parser.error(f"unknown study {n!r}; studies: {', '.join(STUDIES)}")
+  docs = run_studies(names, seeds=args.seeds, runs_dir=pathlib.Path(args.runs_dir),
+                     results_dir=pathlib.Path(args.results_dir), smoke=args.smoke, threads=args.threads,
+                     stop_at=args.stop_at, arms=[a for a in args.arms.split(",") if a], plot=not args.no_plot)
+  for name, doc in docs.items():
+    print(f"{name}: {doc['verdict']} -> held={doc['held']}")
+
+
+if __name__ == "__main__":
+  main()

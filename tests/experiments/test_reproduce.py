@@ -1,0 +1,162 @@
+"""experiments/reproduce.py: aggregation over seeds, verdict rules, resumability and the smoke form of every study."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location("reproduce", REPO / "experiments" / "reproduce.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["reproduce"] = module  # dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
+
+
+rp = _module()
+
+
+def _run(arm, seed, after, before=0.4, **extra):
+  return dict({"arm": arm, "seed": seed, "eval/pass@1 before": before, "eval/pass@1 after": after,
+               "eval/pass@1 gain": after - before}, **extra)
+
+
+def test_mean_spread_is_the_mean_and_sample_std():
+  cell = rp.mean_spread([0.5, 0.7, 0.9, float("nan"), None])
+  assert cell["n"] == 3
+  assert cell["mean"] == pytest.approx(0.7)
+  assert cell["spread"] == pytest.approx(0.2)          # ddof=1: sqrt((0.04 + 0 + 0.04) / 2)
+  assert cell["se"] == pytest.approx(0.2 / math.sqrt(3))
+  assert rp.mean_spread([0.3])["spread"] == 0.0
+  assert rp.mean_spread([])["mean"] is None
+
+
+def test_aggregate_groups_by_arm_in_seed_order_and_skips_arms_without_runs():
+  study = rp.STUDIES["mc_grpo"]
+  runs = [_run("g8_mean", 1, 0.6), _run("g8_mean", 0, 0.5), _run("g2_mean", 0, 0.3, before=0.5)]
+  table = rp.aggregate(study, runs)
+  assert set(table) == {"g8_mean", "g2_mean"}                # arms with no run are left out
+  assert table["g8_mean"]["seeds"] == [0, 1]
+  assert table["g8_mean"]["pass@1 after"]["values"] == [0.5, 0.6]
+  assert table["g8_mean"]["pass@1 after"]["mean"] == pytest.approx(0.55)
+  assert table["g2_mean"]["pass@1 gain"]["mean"] == pytest.approx(-0.2)
+  assert table["g2_mean"]["pass@4 after"]["n"] == 0       # a metric the runs lack is empty, not an error
+
+
+def test_mc_grpo_verdict_follows_its_rule():
+  study = rp.STUDIES["mc_grpo"]
+  base = [_run("g2_mean", s, v) for s, v in enumerate([0.40, 0.41, 0.39])]
+  big = [_run("g8_mean", s, v) for s, v in enumerate([0.60, 0.61, 0.59])]
+  closes = [_run("g2_median", s, v) for s, v in enumerate([0.55, 0.56, 0.54])]
+  stays = [_run("g2_median", s, v) for s, v in enumerate([0.41, 0.42, 0.40])]
+  assert study.verdict(rp.aggregate(study, base + big + closes))[0] is True
+  assert study.verdict(rp.aggregate(study, base + big + stays))[0] is False
+  flat = [_run("g8_mean", s, v) for s, v in enumerate([0.40, 0.41, 0.39])]   # no gap to close
+  assert study.verdict(rp.aggregate(study, base + flat + closes))[0] is None
+  assert study.verdict(rp.aggregate(study, base))[0] is None                 # arms missing
+
+
+def test_ttrl_and_sol_rl_verdicts():
+  ttrl = rp.STUDIES["ttrl"]
+  gt = [_run("ground_truth", s, 0.4 + g) for s, g in enumerate([0.20, 0.22, 0.18])]
+  near = [_run("ttrl", s, 0.4 + g) for s, g in enumerate([0.15, 0.17, 0.13])]
+  collapse = [_run("ttrl", s, 0.4 + g) for s, g in enumerate([-0.30, -0.25, -0.35])]
+  assert ttrl.verdict(rp.aggregate(ttrl, gt + near))[0] is True
+  assert ttrl.verdict(rp.aggregate(ttrl, gt + collapse))[0] is False
+  sol = rp.STUDIES["sol_rl"]
+  full = [_run("full", s, 0.4 + g, sample_s_per_step=0.2) for s, g in enumerate([0.10, 0.12, 0.08])]
+  same = [_run("fp4_subset", s, 0.4 + g, sample_s_per_step=0.9) for s, g in enumerate([0.09, 0.13, 0.10])]
+  worse = [_run("fp4_subset", s, 0.4 + g, sample_s_per_step=0.9) for s, g in enumerate([-0.2, -0.21, -0.19])]
+  assert sol.verdict(rp.aggregate(sol, full + same))[0] is True
+  assert sol.verdict(rp.aggregate(sol, full + worse))[0] is False
+
+
+def test_tables_are_well_formed_and_report_missing_runs(tmp_path):
+  study = rp.STUDIES["brorl"]
+  runs = [_run(a, s, 0.4 + 0.01 * (i + s), rollouts=100.0 * (i + 1), wall_s=10.0)
+          for i, a in enumerate(("n8", "n32", "n128")) for s in range(2)]
+  doc = rp.write_outputs(study, runs, tmp_path, planned_seeds=2, smoke=False, missing=["n8_steps4/seed0"])
+  on_disk = json.loads((tmp_path / "repro_brorl.json").read_text())
+  assert on_disk["arms"]["n32"]["pass@1 after"]["mean"] == pytest.approx(doc["arms"]["n32"]["pass@1 after"]["mean"])
+  assert on_disk["not_run"] == ["n8_steps4/seed0"]
+  md = (tmp_path / "repro_brorl.md").read_text().splitlines()
+  header = next(line for line in md if line.startswith("| arm |"))
+  rows = [line for line in md if line.startswith("| n")]
+  assert [r.split(" | ")[0] for r in rows] == ["| n8", "| n32", "| n128"]
+  assert all(r.count("|") == header.count("|") for r in rows)
+  assert "0.405 +- 0.007" in rows[0]                        # mean +- sample sd of 0.40 and 0.41
+  assert (tmp_path / "repro_brorl.png").stat().st_size > 0
+
+
+def test_finished_runs_are_reused_and_not_rerun(tmp_path, monkeypatch):
+  """A run with a result file is read back; only the others are trained."""
+  study = rp.STUDIES["ttrl"]
+  done = tmp_path / "runs" / "ttrl" / "ground_truth" / "seed0"
+  done.mkdir(parents=True)
+  (done / "result.json").write_text(json.dumps(_run("ground_truth", 0, 0.61, wall_s=5.0)))
+  trained = []
+
+  def fake_run_one(study_, arm, seed, workdir, overrides, **kw):
+    if (workdir / "result.json").exists():
+      return json.loads((workdir / "result.json").read_text())
+    trained.append((arm, seed))
+    result = _run(arm, seed, 0.5, wall_s=1.0)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "result.json").write_text(json.dumps(result))
+    return result
+
+  monkeypatch.setattr(rp, "run_one", fake_run_one)
+  monkeypatch.setattr(rp, "warm_start_overrides", lambda *a, **k: [])
+  kwargs = dict(seeds=1, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res", plot=False, log=lambda s: None)
+  docs = rp.run_studies(["ttrl"], **kwargs)
+  assert trained == [("ttrl", 0)]
+  assert docs["ttrl"]["arms"]["ground_truth"]["pass@1 after"]["values"] == [0.61]
+  trained.clear()
+  rp.run_studies(["ttrl"], **kwargs)
+  assert trained == []                                      # the second call trains nothing
+  del study
+
+
+def test_run_one_reads_a_finished_workdir_without_training(tmp_path):
+  (tmp_path / "result.json").write_text(json.dumps({"arm": "ttrl", "seed": 2, "wall_s": 3.0}))
+  out = rp.run_one(rp.STUDIES["ttrl"], "ttrl", 2, tmp_path, [], smoke=True, env={}, in_process=True)
+  assert out == {"arm": "ttrl", "seed": 2, "wall_s": 3.0}
+
+
+def _check_smoke_tables(res, docs, arms_of):
+  for name, study in rp.STUDIES.items():
+    doc = json.loads((res / f"repro_{name}.json").read_text())
+    assert doc == json.loads(json.dumps(docs[name]))
+    assert doc["smoke"] and doc["not_run"] == []
+    assert list(doc["arms"]) == list(arms_of(study))      # each arm ran, one seed each
+    for row in doc["arms"].values():
+      assert row["seeds"] == [0]
+      cell = row["pass@1 after"]
+      assert cell["n"] == 1 and 0.0 <= cell["mean"] <= 1.0 and cell["spread"] == 0.0
+      assert row["rollouts"]["mean"] > 0
+    md = (res / f"repro_{name}.md").read_text()
+    assert md.count("\n| ") == len(arms_of(study)) + 1    # header + one row per arm
+
+
+def test_smoke_form_of_every_study_runs_and_writes_a_table(tmp_path, monkeypatch):
+  """Every study's smoke form (its headline pair of arms, one RL step of a tiny model)."""
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  arms = [a for s in rp.STUDIES.values() for a in s.headline_arms]
+  docs = rp.run_studies(list(rp.STUDIES), seeds=3, smoke=True, arms=arms, runs_dir=tmp_path / "runs",
+                        results_dir=tmp_path / "res", plot=False, log=lambda s: None)
+  _check_smoke_tables(tmp_path / "res", docs, lambda s: s.headline_arms)
+
+
+@pytest.mark.slow
+def test_smoke_form_of_every_arm_runs(tmp_path, monkeypatch):
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  docs = rp.run_studies(list(rp.STUDIES), seeds=1, smoke=True, runs_dir=tmp_path / "runs",
+                        results_dir=tmp_path / "res", plot=True, log=lambda s: None)
+  _check_smoke_tables(tmp_path / "res", docs, lambda s: s.arms)
+  assert all((tmp_path / "res" / f"repro_{n}.png").exists() for n in rp.STUDIES)

@@ -390,7 +390,7 @@ def expected_speedup(alpha: float, gamma_max: int, draft_cost: float, verify_cos
   `verify_cost` per verification forward of gamma_max + 1 tokens. < 1: speculation does not pay.
 
   >>> round(expected_speedup(0.9, 4, 0.3, 1.2), 2)
-  1.79
+  1.71
   """
   g = int(choose_gamma(alpha, gamma_max, draft_cost / verify_cost))
   return expected_tokens(alpha, g) / (g * draft_cost + verify_cost)

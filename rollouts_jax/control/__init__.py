@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from rollouts_jax.control import arrol
 from rollouts_jax.control.base import Plan, PromptSelector, full_budget
 from rollouts_jax.control.filters import dynamic_sampling, informative
 from rollouts_jax.control.subset import SUBSET_MODES, select_subset
@@ -82,6 +83,6 @@ def register(name: str, factory: Callable[..., PromptSelector], *, overwrite: bo
   REGISTRY[name] = factory
 
 
-__all__ = ["Plan", "PromptSelector", "REGISTRY", "SUBSET_MODES", "build", "check_kwargs", "dynamic_sampling",
+__all__ = ["arrol", "Plan", "PromptSelector", "REGISTRY", "SUBSET_MODES", "build", "check_kwargs", "dynamic_sampling",
            "full_budget", "get", "informative", "names", "register", "select_subset", "uniform",
            "vade", "hive", "pilot_commit", "xrpo_allocation", "pvpo_presample"]

@@ -129,6 +129,15 @@ class ControlConfig:
   dynamic_sampling: bool = False  # DAPO: keep groups whose rewards differ, refill up to the budget
   max_refills: int = 2          # extra generations per step that dynamic sampling may spend
   subset: str = "contrastive"   # Sol-RL subset of the FP4 pool: contrastive, deviation or random
+  # ARRoL online pruning (arXiv 2603.24840): ceil(N * (1 + prune_oversample)) rows per prompt run
+  # prune_at tokens; a quality head on the policy's hidden state keeps N of them (a prune_target
+  # share of likely successes) and only those continue. Random pruning until the head has seen
+  # prune_min_examples outcomes.
+  prune: str = ""               # "" (off) or "arrol"
+  prune_oversample: float = 0.5
+  prune_at: int = 8             # prefix tokens before pruning
+  prune_target: float = 0.5
+  prune_min_examples: int = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,6 +353,21 @@ def validate(cfg: ExperimentConfig) -> None:
   if not 0.0 < ro.top_p <= 1.0:
     raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
+  ct = cfg.control
+  _one_of(ct.prune, ("", "arrol"), "control.prune")
+  if ct.prune:
+    if not ct.prune_oversample > 0:
+      raise ValueError(f"Config key control.prune_oversample must be > 0, got {ct.prune_oversample}.")
+    if not 1 <= ct.prune_at < ro.max_new_tokens:
+      raise ValueError(f"Config key control.prune_at must be in [1, rollout.max_new_tokens={ro.max_new_tokens}), "
+                       f"got {ct.prune_at}.")
+    if not 0 <= ct.prune_target <= 1:
+      raise ValueError(f"Config key control.prune_target must be in [0, 1], got {ct.prune_target}.")
+    _positive(ct.prune_min_examples, "control.prune_min_examples", allow_zero=True)
+    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
+                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
+      if on:
+        raise ValueError(f"control.prune does not combine with {key}; turn one of them off.")
   if ro.partial_rollouts:
     if not ro.over_provision > 0:
       raise ValueError(f"Config key rollout.over_provision must be > 0 with rollout.partial_rollouts, "

@@ -58,6 +58,7 @@ class PipelineState:
   replay: Any = None
   ref: Any = None
   partial: Any = None
+  arrol: Any = None
 
 
 @dataclasses.dataclass
@@ -81,6 +82,10 @@ class RolloutPipeline:
     overlong_buffer: DAPO soft overlong punishment (0: off).
     partial, partial_requests: APRIL's store of unfinished groups and the groups requested
       per step (None / 0: off).
+    prune, prune_oversample, prune_at, prune_target, prune_min_examples: ARRoL online
+      pruning ("" : off): ceil(N * (1 + oversample)) rows per prompt run `prune_at` tokens,
+      a quality head keeps N of them (a `prune_target` share of likely successes), and only
+      those continue; random pruning until the head has seen `prune_min_examples` outcomes.
     seed: the run's seed.
   """
   cfg: models.ModelConfig
@@ -105,6 +110,11 @@ class RolloutPipeline:
   max_failure_frac: float = 0.5
   partial: Optional[replay.RolloutBuffer] = None
   partial_requests: int = 0
+  prune: str = ""
+  prune_oversample: float = 0.5
+  prune_at: int = 8
+  prune_target: float = 0.5
+  prune_min_examples: int = 64
   seed: int = 0
 
   @property
@@ -125,7 +135,8 @@ class RolloutPipeline:
       n = len(self.examples)
       ref = RefRewards(rewards=jnp.zeros((n, self.ref_samples), jnp.float32), step=jnp.full((n,), -1, jnp.int32))
     partial = self.partial.init() if self.partial is not None else None
-    return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial)
+    head = control.arrol.head_init(self.cfg.hidden_size) if self.prune else None
+    return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial, arrol=head)
 
   def buffer_example(self) -> RolloutBatch:
     """The group shape stored in the replay buffer (prompts padded to max_prompt_len's bucket)."""
@@ -155,6 +166,7 @@ class RolloutPipeline:
     refill = 0
     ref_state = state.ref
     partial_state = state.partial
+    head = state.arrol
     while self.partial is not None:  # APRIL: one over-provisioned, early-stopped generation
       part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, step, key, stats)
       plan = control.Plan(indices=part.prompt_index, budget=part.sample_mask.sum(1).astype(np.int32))
@@ -164,7 +176,7 @@ class RolloutPipeline:
       break
     while self.partial is None:
       plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B)
-      part = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats)
+      part, head = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, head)
       n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
       extra = {}
       if self.ref_samples:  # reference rewards of the plan's prompts (cached), for the selector too
@@ -232,14 +244,47 @@ class RolloutPipeline:
         "refills": float(refill), "replay/used": float(replayed),
         "rollouts": float(stats.get("rollouts")),
     })
-    return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state, partial=partial_state), info
+    return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state, partial=partial_state,
+                                arrol=head), info
 
   # -- stages ------------------------------------------------------------------------------------
   def _sample(self, params, ids, mask, key, conf):
     return jax.device_get(sampling.sample(self.cfg, params, ids, mask, key, conf))
 
-  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats") -> RolloutBatch:
-    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups."""
+  def _sample_pruned(self, params, ids, mask, key, head, stats: "_Stats"):
+    """ARRoL: over-sample prefixes, keep N per prompt by the quality head, continue those.
+
+    Returns the survivors' SampleOutput, their prefix hidden states [B, N, H] and predictions.
+    """
+    conf = self.sampling_config
+    N, k = conf.num_samples, self.prune_at
+    M = control.arrol.oversampled(N, self.prune_oversample)
+    first = self._sample(params, ids, mask, key, conf.replace(num_samples=M, max_new_tokens=k))
+    B, P = ids.shape
+    tokens, attn = sampling.batch.teacher_forced_rows(jnp.asarray(ids), jnp.asarray(mask),
+                                                      jnp.asarray(first.completion_ids))
+    hidden = models.forward(self.cfg, params, tokens, attn, return_hidden=True)
+    last = P + np.maximum(np.asarray(first.lengths).reshape(-1), 1) - 1
+    h = np.asarray(jnp.take_along_axis(hidden, jnp.asarray(last)[:, None, None], axis=1)[:, 0])
+    p = np.asarray(control.arrol.head_predict(head, h)).reshape(B, M)
+    ready = int(head.examples) >= self.prune_min_examples
+    sel = np.asarray(control.arrol.prune(jnp.asarray(p), N, jax.random.fold_in(key, 3), target=self.prune_target,
+                                         ready=ready))
+    pre = sol_rl.gather_samples(first, sel)
+    out = jax.device_get(sampling.continue_from(
+        self.cfg, params, ids, mask, pre.completion_ids, pre.completion_mask, jax.random.fold_in(key, 4), conf,
+        prefix_logprobs=pre.logprobs, prefix_policy_logprobs=pre.policy_logprobs, prefix_entropy=pre.entropy))
+    pruned = np.ones((B, M), bool)
+    np.put_along_axis(pruned, sel, False, axis=1)
+    stats.add("generated_tokens", float(np.asarray(first.lengths)[pruned].sum()))
+    stats.add("rollouts", float(pruned.sum()))
+    stats.add("arrol/pruned_rows", float(pruned.sum()))
+    stats.add("arrol/head_ready", float(ready))
+    h_sel = np.take_along_axis(h.reshape(B, M, -1), sel[..., None], axis=1)
+    return out, h_sel, np.take_along_axis(p, sel, axis=1)
+
+  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", head=None):
+    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the ARRoL head)."""
     idx = np.asarray(plan.indices)
     examples = [self.examples[int(i)] for i in idx]
     ids, mask = self.prompter(examples)
@@ -266,7 +311,10 @@ class RolloutPipeline:
       stats.add("rollouts", float(M * len(idx)))
       stats.add("generated_tokens", float(np.asarray(pool.lengths).sum()))
     else:
-      out = self._sample(params, ids, mask, key, self.sampling_config)
+      if self.prune:
+        out, h_sel, p_sel = self._sample_pruned(params, np.asarray(ids), np.asarray(mask), key, head, stats)
+      else:
+        out = self._sample(params, ids, mask, key, self.sampling_config)
       batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=step)
       stats.add("time/sample", time.perf_counter() - t0)
       second = None
@@ -277,6 +325,11 @@ class RolloutPipeline:
         second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=step)
       r, info = self._score(batch, examples, stats, second_view=second)
       batch = batch.replace(rewards=r)
+      if self.prune:  # the head learns from the survivors' outcomes
+        success = np.asarray(r) >= 1.0
+        stats.mean("arrol/head_accuracy", float(((p_sel > 0.5) == success).mean()))
+        head = control.arrol.head_update(head, jnp.asarray(h_sel.reshape(-1, h_sel.shape[-1])),
+                                         jnp.asarray(success.reshape(-1)), jnp.asarray(batch.sample_mask.reshape(-1)))
       stats.add("rollouts", float(N * len(idx)))
       stats.add("generated_tokens", float(np.asarray(batch.lengths).sum()))
       stats.add("rollout/padding_frac", _padding_frac(np.asarray(batch.lengths).ravel()))
@@ -289,7 +342,7 @@ class RolloutPipeline:
     budget_mask = np.asarray(plan.sample_mask(N))
     if batch.prompt_ids.shape[0] != budget_mask.shape[0]:   # two views: both follow the plan's budget
       budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))
-    return batch.replace(sample_mask=batch.sample_mask & budget_mask)
+    return batch.replace(sample_mask=batch.sample_mask & budget_mask), head
 
   def _generate_partial(self, params, ctl, pstate, step: int, key: jax.Array, stats: "_Stats"):
     """APRIL: B finished, scored groups; unfinished and surplus groups go back to the store."""
@@ -316,7 +369,9 @@ class RolloutPipeline:
     req = jax.device_get(groups[0] if len(groups) == 1 else sampling.concat(groups))
     was = np.asarray(req.completion_mask)
     done_in = np.asarray(sampling.finished_rows(req.completion_ids, was, conf)) | ~np.asarray(req.sample_mask)
-    L = min(T, max(8, -(-int(was.sum(-1).max(initial=0)) // 8) * 8))
+    # Prefix widths come in three buckets, so resumed steps compile at most three shapes.
+    longest = int(was.sum(-1).max(initial=0))
+    L = next(w for w in (max(T // 4, 1), max(T // 2, 1), T) if w >= longest)
     t0 = time.perf_counter()
     out = jax.device_get(sampling.continue_from(
         self.cfg, params, req.prompt_ids, req.prompt_mask, np.asarray(req.completion_ids)[..., :L], was[..., :L], key,

@@ -6,7 +6,8 @@ live row forks into `width` rows: the free rows receive a COPY of the row's KV-c
 logits and outputs so far (a gather over rows, run under `lax.cond` only on steps where some
 row forks; the shared prefix is never recomputed) and the family continues with the
 top-`width` tokens of the sampling distribution at that position (the row itself takes the
-first). Rows whose confidence stays low are pruned (ECHO's triggers) and their rows become
+first; or, with `branch_tokens="sample"`, each row draws its own token so that every leaf is
+marginally a policy sample). Rows whose confidence stays low are pruned (ECHO's triggers) and their rows become
 free again. Every row that is still in use at the end is a leaf, holding the full
 root-to-leaf completion, so the rest of the pipeline treats leaves as samples.
 
@@ -64,6 +65,10 @@ class TreeConfig:
     delta_entropy_min: branch only where dH_t >= delta_entropy_min.
     group_conf_max: branch only where G_t <= group_conf_max (None: no such test).
     max_width: the most rows a branch point splits into (1: no branching).
+    branch_tokens: "top": the family continues with the top-`width` tokens of the sampling
+      distribution (ECHO; distinct children, but leaves are no longer policy samples);
+      "sample": every row of the family draws its token from its own stream as usual, so
+      each leaf is marginally a sample of the policy (children may repeat a token).
     width_alpha, width_beta, width_h_low, width_h_high, width_tau: ECHO's width formula.
     conf_top_k: k of the token confidence C_t.
     group_window, tail_window, delta_window: windows of G_t, T_t and of the mean in dH_t.
@@ -82,6 +87,7 @@ class TreeConfig:
   delta_entropy_min: float = 0.2
   group_conf_max: float | None = None
   max_width: int = 4
+  branch_tokens: str = "top"
   width_alpha: float = 2.0
   width_beta: float = 1.0
   width_h_low: float = 1.0
@@ -103,6 +109,8 @@ class TreeConfig:
       raise ValueError(f"init_rows must be >= 1, got {self.init_rows}.")
     if int(self.max_width) < 1:
       raise ValueError(f"max_width must be >= 1, got {self.max_width}.")
+    if self.branch_tokens not in ("top", "sample"):
+      raise ValueError(f"branch_tokens must be 'top' or 'sample', got {self.branch_tokens!r}.")
     if self.width_h_high <= self.width_h_low:
       raise ValueError("width_h_high must exceed width_h_low.")
     for name in ("group_window", "tail_window", "delta_window", "conf_top_k", "decline_steps"):
@@ -307,7 +315,7 @@ def _tree_step(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, pa
   # ---------------------------------------------------------------- choose, write, forward
   u = _s._row_uniforms(row_keys_R, t)  # pylint: disable=protected-access
   token, lp, plp, ent = _s._choose_u(dec.logits_RxV, u, config)  # pylint: disable=protected-access
-  if max_w > 1:
+  if max_w > 1 and tree.branch_tokens == "top":
     rank_R = rank_BxM.reshape(-1)
     top = jax.lax.top_k(carry["sample_logp"], max_w)[1]
     forced = jnp.take_along_axis(top, jnp.clip(rank_R, 0, max_w - 1)[:, None], axis=1)[:, 0].astype(jnp.int32)

@@ -1,4 +1,4 @@
-"""Every config's `smoke` variant runs a warm start (or checkpoint load) and one RL step."""
+"""Every config's `smoke` variant runs a warm start (or checkpoint load) and one RL step (default suite)."""
 
 import json
 import pathlib
@@ -36,10 +36,25 @@ def _tiny_qwen_folder(folder: pathlib.Path, corpus):
   return folder
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.py")))
-def test_smoke_config_runs_one_step(name, tmp_path, monkeypatch):
-  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if "def get_config" in p.read_text())
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+  """One dataset / warm-start cache for every config: configs with the same data and smoke model share it."""
+  return tmp_path_factory.mktemp("cache")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_smoke_config_runs_one_step(name, tmp_path, shared_cache, monkeypatch):
+  """Every config's `smoke` variant, in its cheapest form: a warm start (or checkpoint), one RL step, eval.
+
+  The cheapest form shares the dataset and warm-start cache across configs (the first config of a
+  kind builds, the others reuse the cached folder) and draws no PNG curves (tests/training/test_loop.py
+  checks those); everything else is the config's own smoke variant.
+  """
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(shared_cache))
+  monkeypatch.setattr(loop, "plot_curves", lambda *a, **k: [])
   arg = "smoke"
   if name == "gsm8k_qwen":
     from rollouts_jax import data
@@ -52,5 +67,8 @@ def test_smoke_config_runs_one_step(name, tmp_path, monkeypatch):
   step_rows = [r for r in rows if "grad_norm" in r]
   assert len(step_rows) == exp.rl.steps
   assert np.isfinite(step_rows[0]["grad_norm"]) and step_rows[0]["nonfinite"] == 0.0
+  # The evaluation before and after RL ran on the config's task and gave probabilities.
+  for when in ("before", "after"):
+    assert 0.0 <= summary[when]["eval/pass@1"] <= 1.0
   if exp.rollout.fp4:
     assert "sol/fp4_logprob_gap" in step_rows[0] and "sol/pool_reward_mean" in step_rows[0]

@@ -5,6 +5,14 @@ r"""Evaluates a policy on a test split: pass@1, pass@k (unbiased estimator), maj
   # a Hugging Face checkpoint folder on a benchmark:
   python experiments/evaluate.py --config=configs/gsm8k_qwen.py:/path/to/ckpt --config.eval.k=8
 
+  # DeepLook decoding against plain sampling, accuracy against generated tokens:
+  python experiments/evaluate.py --decoder=deeplook --deeplook_samples=4 --compare_k=1,4,8
+
+With `--decoder=deeplook` the test prompts are decoded with `sampling.deeplook` (N =
+`--deeplook_samples`, settings `--deeplook_*`) and answered by a confidence-weighted vote;
+plain sampling with k = each of `--compare_k` is run beside it (maj@k). Each line reports the
+accuracy and the generated tokens per prompt (losing lookahead continuations included).
+
 Params holding NaN or inf are refused (exit status 2) instead of being scored; a damaged
 latest checkpoint is skipped for the newest intact one. Ctrl-C exits cleanly (status 130).
 """
@@ -24,6 +32,19 @@ config_flags.DEFINE_config_file("config", os.path.join(_HERE, "..", "configs", "
                                 "Experiment config file (path[:arg]).", lock_config=True)
 flags.DEFINE_string("workdir", None, "A training workdir: evaluates its latest checkpoint with its config.")
 flags.DEFINE_integer("num_examples", 0, "Override eval.num_examples (0: keep).")
+flags.DEFINE_enum("decoder", "sample", ["sample", "deeplook"], "sample: pass@k / maj@k; deeplook: see above.")
+flags.DEFINE_integer("deeplook_samples", 4, "DeepLook: samples per prompt (voters).")
+flags.DEFINE_integer("deeplook_k", 4, "DeepLook: continuations compared per lookahead.")
+flags.DEFINE_integer("deeplook_horizon", 4, "DeepLook: tokens per lookahead continuation.")
+flags.DEFINE_integer("deeplook_window", 2, "DeepLook: positions in the segment confidence.")
+flags.DEFINE_integer("deeplook_history", 6, "DeepLook: positions of recent history.")
+flags.DEFINE_float("deeplook_margin", 1.0, "DeepLook: expand when segment confidence < history - margin.")
+flags.DEFINE_integer("deeplook_max", 4, "DeepLook: lookaheads per sample at most.")
+flags.DEFINE_enum("deeplook_rank_by", "confidence", ["confidence", "logprob"], "DeepLook: what ranks continuations.")
+flags.DEFINE_enum("vote_weight", "confidence", ["confidence", "likelihood", "none"],
+                  "DeepLook: vote weight, the mean token confidence or exp(mean token log-prob).")
+flags.DEFINE_list("compare_k", ["1", "4", "8"], "DeepLook: plain maj@k baselines to run beside it.")
+flags.DEFINE_string("output", None, "DeepLook: also write the result JSON here.")
 FLAGS = flags.FLAGS
 
 
@@ -60,8 +81,70 @@ def _run():
   except (checkpoint.NonFiniteStateError, checkpoint.CheckpointDamagedError) as e:
     print(f"Refused to evaluate: {e}", file=sys.stderr)
     sys.exit(2)
-  result = loop.evaluate(exp, cfg, params, tokenizer, list(test[:exp.eval.num_examples]))
+  examples = list(test[:exp.eval.num_examples])
+  if FLAGS.decoder == "deeplook":
+    result = _deeplook_vs_plain(exp, cfg, params, tokenizer, examples)
+    if FLAGS.output:
+      with open(FLAGS.output, "w") as f:
+        json.dump(result, f, indent=2)
+  else:
+    result = loop.evaluate(exp, cfg, params, tokenizer, examples)
   print(json.dumps(result, indent=2))
+
+
+def _deeplook_vs_plain(exp, cfg, params, tokenizer, examples) -> dict:
+  """DeepLook (confidence-weighted vote) and plain maj@k: accuracy and generated tokens per prompt."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import rewards, sampling, tasks  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.sampling import deeplook  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import eval_metrics, evaluation, loop  # pylint: disable=g-import-not-at-top
+  task = tasks.get(exp.data.task)
+  prompter = loop.prompter(exp, tokenizer)
+  scorer = rewards.build_scorer("task", task, timeout_s=exp.reward.timeout_s, num_workers=exp.reward.num_workers)
+  base = loop.sampling_config(exp, tokenizer).replace(temperature=exp.eval.temperature)
+  look = deeplook.DeepLookConfig(k=FLAGS.deeplook_k, horizon=FLAGS.deeplook_horizon, window=FLAGS.deeplook_window,
+                                 history=FLAGS.deeplook_history, margin=FLAGS.deeplook_margin,
+                                 max_lookaheads=FLAGS.deeplook_max, rank_by=FLAGS.deeplook_rank_by)
+  key = jax.random.key(exp.seed + 1)
+
+  def run(n, decoder):
+    conf = base.replace(num_samples=n)
+    acc, plain_acc, tokens, pass1, looks = [], [], 0, [], []
+    for start in range(0, len(examples), exp.eval.batch_size):
+      chunk = examples[start:start + exp.eval.batch_size]
+      ids, mask = prompter(chunk)
+      refs = [task.reference(ex) for ex in chunk]
+      k = jax.random.fold_in(key, start)
+      if decoder == "deeplook":
+        out, info = jax.device_get(deeplook.deeplook_sample(cfg, params, ids, mask, k, conf, look))
+        weights = {"confidence": np.asarray(info.confidence), "likelihood": np.exp(np.asarray(info.mean_logprob)),
+                   "none": np.ones(out.lengths.shape)}[FLAGS.vote_weight]
+        spent = int(np.asarray(info.generated_tokens).sum())
+        looks.append(np.asarray(info.lookaheads))
+      else:
+        out = jax.device_get(sampling.sample(cfg, params, ids, mask, k, conf))
+        weights, spent = np.ones(out.lengths.shape), int(np.asarray(out.lengths).sum())
+      texts = evaluation.decode_completions(tokenizer, np.asarray(out.completion_ids), np.asarray(out.completion_mask))
+      r, info_r = scorer(texts, refs)
+      correct = np.asarray(r) >= 1.0
+      tokens += spent
+      pass1.append(correct.mean(1))
+      answers = [rewards.canonicalize_answers(row, task.same) for row in info_r["answers"]]
+      plain_acc.append(eval_metrics.maj_at_k(answers, correct.tolist(), n) * len(chunk))
+      for b, row in enumerate(answers):
+        voted = deeplook.weighted_vote(row, weights[b])
+        acc.append(voted is not None and bool(correct[b][row.index(voted)]))
+    res = {"samples": n, "accuracy": float(np.mean(acc)), "maj_unweighted": float(np.sum(plain_acc) / len(examples)),
+           "pass@1": float(np.concatenate(pass1).mean()), "tokens_per_prompt": tokens / len(examples)}
+    if looks:
+      res["lookaheads_per_sample"] = float(np.concatenate(looks).mean())
+    return res
+
+  result = {"examples": len(examples), "deeplook": dict(look.__dict__, vote_weight=FLAGS.vote_weight),
+            "deeplook_result": run(FLAGS.deeplook_samples, "deeplook"),
+            "plain": [run(int(k), "sample") for k in FLAGS.compare_k]}
+  return result
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ gather over rows, under `lax.cond`, only on steps where some family starts or en
 lookahead) and all k rows decode `horizon` tokens from their own random streams. After
 `horizon` steps the continuation with the highest average lookahead confidence (mean C over
 its lookahead positions) is copied into the sample's row, the others go idle again, and
-decoding continues (the winner's lookahead tokens are kept, not recomputed). At the end the
+decoding continues (the winner's lookahead tokens are kept, not recomputed; `rank_by="logprob"`
+ranks by the continuations' mean token log-probability instead). At the end the
 samples vote on their answers, each weighted by its confidence (`weighted_vote`).
 
 C_t = -mean(log p) over the policy's top-`conf_top_k` tokens (DeepConf, arXiv 2508.15260).
@@ -49,6 +50,9 @@ class DeepLookConfig:
     gap: positions between the end of one lookahead and the start of the next.
     max_lookaheads: lookaheads per sample at most.
     conf_top_k: k of the token confidence C_t.
+    rank_by: what ranks the continuations, averaged over their lookahead positions:
+      "confidence" (DeepConf's C_t) or "logprob" (the policy log-probability of each drawn
+      token, i.e. the continuation's mean token likelihood).
   """
   k: int = 4
   horizon: int = 4
@@ -59,8 +63,11 @@ class DeepLookConfig:
   gap: int = 2
   max_lookaheads: int = 4
   conf_top_k: int = 5
+  rank_by: str = "confidence"
 
   def __post_init__(self):
+    if self.rank_by not in ("confidence", "logprob"):
+      raise ValueError(f"rank_by must be 'confidence' or 'logprob', got {self.rank_by!r}.")
     for name in ("k", "horizon", "window", "history", "gap", "max_lookaheads", "conf_top_k"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
@@ -74,12 +81,14 @@ class DeepLookInfo:
   """Per-sample decoding statistics.
 
   Attributes:
-    confidence: float32 [B, N]; mean token confidence over the sample's tokens (the vote weight).
+    confidence: float32 [B, N]; mean token confidence over the sample's tokens (a vote weight).
+    mean_logprob: float32 [B, N]; mean policy log-prob of the sample's tokens (exp of it: a vote weight).
     token_confidence: float32 [B, N, T]; C_t at each generated position (0 where masked).
     lookaheads: int32 [B, N]; lookaheads the sample ran.
     generated_tokens: int32 [B]; tokens decoded for the prompt, losing continuations included.
   """
   confidence: jax.Array
+  mean_logprob: jax.Array
   token_confidence: jax.Array
   lookaheads: jax.Array
   generated_tokens: jax.Array
@@ -126,7 +135,8 @@ def _look_step(cfg, config, look: DeepLookConfig, params, prefix, row_keys_R, vi
   # ----- a lookahead that has run `horizon` steps ends: the best continuation takes the sample's row
   running = st.look_start_F >= 0
   ending = running & ((t - st.look_start_F >= h) | jnp.all(d.done_R.reshape(F, k), axis=1))
-  best = _select_rows(st.look_start_F, st.conf_RxT, d.mask_RxT, t, k)
+  rank = st.conf_RxT if look.rank_by == "confidence" else d.policy_logprobs_RxT
+  best = _select_rows(st.look_start_F, rank, d.mask_RxT, t, k)
   # ----- a new lookahead starts where the sample's segment confidence fell below its history
   H, C = token_stats(d.logits_RxV, look.conf_top_k)
   main_live = ~d.done_R[main]
@@ -218,7 +228,8 @@ def _deeplook_jit(cfg: ModelConfig, config: _s.SamplingConfig, look: DeepLookCon
   # Lookaheads still running when decoding stopped: the best continuation so far wins.
   d = st.dec
   running = st.look_start_F >= 0
-  best = _select_rows(st.look_start_F, st.conf_RxT, d.mask_RxT, d.step, k)
+  rank = st.conf_RxT if look.rank_by == "confidence" else d.policy_logprobs_RxT
+  best = _select_rows(st.look_start_F, rank, d.mask_RxT, d.step, k)
   main = fam * k
   src = jnp.where(running, main + best, main)
   take = lambda x: jnp.take(x, src, axis=0).reshape((B, N) + x.shape[1:])
@@ -227,7 +238,9 @@ def _deeplook_jit(cfg: ModelConfig, config: _s.SamplingConfig, look: DeepLookCon
                         logprobs=take(d.logprobs_RxT), policy_logprobs=take(d.policy_logprobs_RxT),
                         entropy=take(d.entropy_RxT), lengths=jnp.sum(mask, axis=-1, dtype=jnp.int32))
   conf = jnp.where(mask, take(st.conf_RxT), 0.0)
-  info = DeepLookInfo(confidence=jnp.sum(conf, axis=-1) / jnp.maximum(out.lengths, 1), token_confidence=conf,
+  n = jnp.maximum(out.lengths, 1)
+  info = DeepLookInfo(confidence=jnp.sum(conf, axis=-1) / n, mean_logprob=jnp.sum(out.policy_logprobs, axis=-1) / n,
+                      token_confidence=conf,
                       lookaheads=st.count_F.reshape(B, N), generated_tokens=st.spent_B)
   return out, info
 

@@ -6,8 +6,8 @@ policy's sampling distribution.
 
 SPEC-RL (`speculative_sample`). The drafts are a previous epoch's rollouts of the same prompts
 with the behaviour log-probs they were sampled with. All draft tokens of all rows are scored in
-ONE teacher-forced forward of the current policy (`sampling.batch.teacher_forced_rows`);
-token t is accepted with probability `min(1, lenience * p_new(x_t) / p_old(x_t))`, where both
+ONE teacher-forced pass of the current policy (each prompt prefilled once, then every draft
+through a copy of its cache: the logits of `sampling.batch.teacher_forced_rows`' layout); token t is accepted with probability `min(1, lenience * p_new(x_t) / p_old(x_t))`, where both
 are the *sampling* distributions (temperature / top-k / top-p / min-p applied, as in
 `sampling.process_logits`); a token the new filters exclude (`p_new = 0`) or the old ones gave
 no mass (`p_old = 0`) is rejected. At the first rejection a replacement is drawn, and the row is
@@ -36,9 +36,9 @@ tokens, and the exact rule above (with the residual; a bonus token from p when a
 accepted) commits between 1 and gamma + 1 tokens per row. gamma is chosen each round from an
 EMA of the per-token acceptance rate (`choose_gamma`). Shapes are static (gamma_max slots with
 masks), so a call compiles once. Speculation is switched off for a call (plain
-`sampling.sample`) when it holds more than `max_spec_rows` rows or when the expected gain of
-the acceptance estimate is below 1 (`expected_speedup`); `experiments/bench_rollout_reuse.py`
-measures where that is.
+`sampling.sample`) when it holds more than `max_spec_rows` rows, or when the expected gain
+(`expected_speedup`) of the acceptance estimate is below `min_expected_speedup`;
+`experiments/bench_rollout_reuse.py` measures where speculation pays.
 
 Papers: SPEC-RL (arXiv 2509.23232; ShopeeLLM/Spec-RL, `spec_cut`); EfficientRollout
 (arXiv 2606.18967); speculative sampling (Leviathan et al. 2023, Chen et al. 2023).
@@ -59,7 +59,6 @@ from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
 from rollouts_jax.models import transformer as _tf
 from rollouts_jax.sampling import sampler
-from rollouts_jax.sampling.batch import teacher_forced_rows
 from rollouts_jax.sampling.sampler import SampleOutput, SamplingConfig
 
 
@@ -155,20 +154,38 @@ def _verify_jit(cfg: ModelConfig, config: SamplingConfig, params, draft_params, 
   ids_RxT = jnp.where(mask_BxNxT, ids_BxNxT, 0).reshape(R, T)
   mask_RxT = mask_BxNxT.reshape(R, T)
   old_RxT = old_lp_BxNxT.reshape(R, T)
-  tokens_RxL, attn_RxL = teacher_forced_rows(prompt_ids_BxP, prompt_mask_BxP, ids_RxT.reshape(B, N, T))
   row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(R))
   u_Rx1pT = jax.vmap(lambda k: jax.random.uniform(k, (T + 1,), jnp.float32))(row_keys)
   greedy = config.is_greedy
+  split = lambda x, axis=0: jnp.moveaxis(x.reshape(x.shape[:axis] + (num_chunks, R // num_chunks) + x.shape[axis + 1:]),
+                                         axis, 0)
+
+  # Each prompt runs once (a prefill into a cache of P + T - 1 slots, copied per sample); the
+  # drafts then run through the cache in one teacher-forced pass: the same logits as the
+  # update's layout (`teacher_forced_rows`) without recomputing the prompt N times.
+  def prefill(p):
+    cache = models.init_cache(cfg, B, max(P + T - 1, P), p["embed"].dtype)
+    first_Bx1xV, cache = models.forward_with_cache(cfg, p, prompt_ids_BxP, cache, prompt_mask_BxP, last_only=True)
+    rep = lambda x: jnp.repeat(x, N, axis=0)
+    chunks = (split(jnp.repeat(cache.k, N, axis=1), 1), split(jnp.repeat(cache.v, N, axis=1), 1),
+              split(rep(cache.mask)), split(rep(cache.next_pos)))
+    return split(rep(first_Bx1xV[:, 0])), chunks
+
+  prefilled = (prefill(params), None if draft_params is None else prefill(draft_params))
 
   def rows(xs):
-    tokens, attn, ids, mask, old, u = xs
-    r = tokens.shape[0]
+    ids, mask, old, u, pre = xs
+    r = ids.shape[0]
 
-    def logits_of(p):
-      hidden = models.forward(cfg, p, tokens, attn, return_hidden=True)
-      return models.unembed(cfg, p, hidden[:, P - 1:-1]).astype(jnp.float32)   # [r, T, V]
+    def logits_of(p, pre_p):
+      first_rxV, (k, v, cmask, next_pos) = pre_p
+      cache = models.KVCache(k=k, v=v, mask=cmask, next_pos=next_pos, index=jnp.asarray(P, jnp.int32))
+      if T == 1:
+        return first_rxV[:, None].astype(jnp.float32)
+      rest, _ = models.forward_with_cache(cfg, p, ids[:, :T - 1], cache)
+      return jnp.concatenate([first_rxV[:, None], rest], axis=1).astype(jnp.float32)   # [r, T, V]
 
-    logits = logits_of(params)
+    logits = logits_of(params, pre[0])
     policy_logp = jax.nn.log_softmax(logits, axis=-1)
     plp = _take(policy_logp, ids)
     ent = -jnp.sum(jnp.exp(policy_logp) * policy_logp, axis=-1)
@@ -181,7 +198,7 @@ def _verify_jit(cfg: ModelConfig, config: SamplingConfig, params, draft_params, 
       samp_logp = _sampling_logp(logits, config)
       lp = _take(samp_logp, ids)
       if draft_params is not None:
-        q_logp = _sampling_logp(logits_of(draft_params), config)
+        q_logp = _sampling_logp(logits_of(draft_params, pre[1]), config)
         q_lp = _take(q_logp, ids)
         gap = jnp.sum(jnp.where(mask & jnp.isfinite(q_lp), jnp.abs(q_lp - old), 0.0))
       else:
@@ -207,8 +224,7 @@ def _verify_jit(cfg: ModelConfig, config: SamplingConfig, params, draft_params, 
     rep_ent = jnp.take_along_axis(ent, at[:, None], axis=-1)[:, 0]
     return accepted, rejected, rep, rep_lp, rep_plp, rep_ent, lp, plp, ent, gap
 
-  split = lambda x: x.reshape((num_chunks, R // num_chunks) + x.shape[1:])
-  outs = jax.lax.map(rows, tuple(split(x) for x in (tokens_RxL, attn_RxL, ids_RxT, mask_RxT, old_RxT, u_Rx1pT)))
+  outs = jax.lax.map(rows, (split(ids_RxT), split(mask_RxT), split(old_RxT), split(u_Rx1pT), prefilled))
   *per_row, gap = outs
   per_row = [x.reshape((B, N) + x.shape[2:]) for x in per_row]
   gap = jnp.sum(gap) / jnp.maximum(jnp.sum(mask_RxT), 1)
@@ -318,7 +334,10 @@ def speculative_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask
   pre_ids, pre_mask, pre_lp, pre_plp, pre_ent = _assemble_prefix(d_ids, accepted, rejected, rep, rep_lp, rep_plp,
                                                                  rep_ent, lp, plp, ent)
   pre_ids = jnp.where(pre_mask, pre_ids, config.pad_id)
-  finished = np.asarray(sampler.finished_rows(pre_ids, pre_mask, config))
+  # A row is finished when its prefix ends in EOS or holds T tokens (else it is continued).
+  finished = np.asarray(pre_mask.sum(-1) >= T)
+  if config.eos_ids:
+    finished = finished | np.asarray(jnp.any(jnp.isin(pre_ids, jnp.asarray(config.eos_ids)) & pre_mask, axis=-1))
   lengths0 = np.asarray(pre_mask.sum(-1))
   d_len = np.asarray(d_mask.sum(-1))
   acc = np.asarray(accepted)

@@ -216,7 +216,8 @@ def test_outputs_and_stats_with_ragged_drafts():
 
 def test_self_speculative_fields_switch_and_same_policy():
   ids, mask = _w_prompts()
-  out, stats = spec.self_speculative_sample(W_CFG, W_PARAMS, ids, mask, jax.random.key(3), W_CONF, gamma_max=3)
+  out, stats = spec.self_speculative_sample(W_CFG, W_PARAMS, ids, mask, jax.random.key(3), W_CONF, gamma_max=3,
+                                            draft_params=W_OTHER)
   _check_fields(out, W_PARAMS, ids, mask, W_CONF)
   assert stats["speculated"] and stats["accepted_tokens"] <= stats["tested_tokens"] <= stats["draft_tokens"]
   # Each round commits at least one token per live row, at most gamma_max + 1.

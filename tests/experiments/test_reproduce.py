@@ -120,6 +120,9 @@ def test_finished_runs_are_reused_and_not_rerun(tmp_path, monkeypatch):
   trained.clear()
   rp.run_studies(["ttrl"], **kwargs)
   assert trained == []                                      # the second call trains nothing
+  docs = rp.run_studies(["ttrl"], **dict(kwargs, seeds=2), report_only=True)
+  assert trained == []                                      # report_only never trains
+  assert docs["ttrl"]["not_run"] == ["ground_truth/seed1", "ttrl/seed1"]
   del study
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rollouts_jax.replay.base import BufferState, RolloutBuffer, group_versions
+from rollouts_jax.replay.drafts import DraftState, DraftStore, draft_store
 from rollouts_jax.replay.fifo import fifo
 from rollouts_jax.replay.partial import partial_rollouts
 from rollouts_jax.replay.prioritized import group_usefulness, prioritized
@@ -37,5 +38,5 @@ def get(name: str, key: str = "replay.name"):
   return REGISTRY[name]
 
 
-__all__ = ["BufferState", "REGISTRY", "RolloutBuffer", "fifo", "get", "group_usefulness", "group_versions", "names",
+__all__ = ["BufferState", "DraftState", "DraftStore", "REGISTRY", "draft_store", "RolloutBuffer", "fifo", "get", "group_usefulness", "group_versions", "names",
            "partial_rollouts", "prioritized"]

@@ -97,6 +97,11 @@ class RolloutConfig:
   # the others in later steps under the newer policy (rl.tis_cap corrects their staleness).
   partial_rollouts: bool = False
   over_provision: float = 0.5
+  # SPEC-RL speculative rollouts (arXiv 2509.23232): a prompt's rollouts from its previous visit
+  # are drafts; the current policy verifies them in one forward, accepting each token with
+  # probability min(1, spec_lenience * p_new / p_old), keeps the accepted prefix and decodes on.
+  speculative: str = ""         # "" (off) or "spec_rl"
+  spec_lenience: float = 1.6487212707001282   # e^0.5, the paper's GRPO default (1: exact acceptance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,6 +358,15 @@ def validate(cfg: ExperimentConfig) -> None:
   if not 0.0 < ro.top_p <= 1.0:
     raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
+  _one_of(ro.speculative, ("", "spec_rl"), "rollout.speculative")
+  if ro.speculative:
+    if not ro.spec_lenience > 0:
+      raise ValueError(f"Config key rollout.spec_lenience must be > 0, got {ro.spec_lenience}.")
+    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
+                    ("control.prune", bool(cfg.control.prune)),
+                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
+      if on:
+        raise ValueError(f"rollout.speculative does not combine with {key}; turn one of them off.")
   ct = cfg.control
   _one_of(ct.prune, ("", "arrol"), "control.prune")
   if ct.prune:

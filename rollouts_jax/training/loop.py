@@ -108,6 +108,8 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
   if c.prune:  # ARRoL
     pipe.prune, pipe.prune_oversample, pipe.prune_at = c.prune, c.prune_oversample, c.prune_at
     pipe.prune_target, pipe.prune_min_examples = c.prune_target, c.prune_min_examples
+  if exp.rollout.speculative:  # SPEC-RL
+    pipe.speculative, pipe.spec_lenience = exp.rollout.speculative, exp.rollout.spec_lenience
   if exp.rollout.partial_rollouts:  # APRIL
     pipe.partial_requests = math.ceil(c.prompts_per_step * (1 + exp.rollout.over_provision))
     pipe.partial = replay.partial_rollouts(pipe.partial_requests, pipe.buffer_example())

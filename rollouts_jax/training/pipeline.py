@@ -59,6 +59,7 @@ class PipelineState:
   ref: Any = None
   partial: Any = None
   arrol: Any = None
+  drafts: Any = None
 
 
 @dataclasses.dataclass
@@ -86,6 +87,9 @@ class RolloutPipeline:
       pruning ("" : off): ceil(N * (1 + oversample)) rows per prompt run `prune_at` tokens,
       a quality head keeps N of them (a `prune_target` share of likely successes), and only
       those continue; random pruning until the head has seen `prune_min_examples` outcomes.
+    speculative, spec_lenience: SPEC-RL ("spec_rl"; "": off): a prompt's rollouts of its
+      previous visit are drafts, verified by the current policy with lenience l (accept with
+      min(1, l * p_new / p_old)); the longest accepted prefix is kept and decoding continues.
     seed: the run's seed.
   """
   cfg: models.ModelConfig
@@ -115,6 +119,8 @@ class RolloutPipeline:
   prune_at: int = 8
   prune_target: float = 0.5
   prune_min_examples: int = 64
+  speculative: str = ""
+  spec_lenience: float = 1.6487212707001282   # e^0.5, SPEC-RL's GRPO default
   seed: int = 0
 
   @property
@@ -136,7 +142,12 @@ class RolloutPipeline:
       ref = RefRewards(rewards=jnp.zeros((n, self.ref_samples), jnp.float32), step=jnp.full((n,), -1, jnp.int32))
     partial = self.partial.init() if self.partial is not None else None
     head = control.arrol.head_init(self.cfg.hidden_size) if self.prune else None
-    return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial, arrol=head)
+    drafts = self._draft_store().init() if self.speculative else None
+    return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial, arrol=head,
+                         drafts=drafts)
+
+  def _draft_store(self) -> replay.DraftStore:
+    return replay.draft_store(len(self.examples), self.num_samples, self.sampling_config.max_new_tokens)
 
   def buffer_example(self) -> RolloutBatch:
     """The group shape stored in the replay buffer (prompts padded to max_prompt_len's bucket)."""
@@ -166,7 +177,7 @@ class RolloutPipeline:
     refill = 0
     ref_state = state.ref
     partial_state = state.partial
-    head = state.arrol
+    aux = {"arrol": state.arrol, "drafts": state.drafts}   # generation state threaded through _generate
     while self.partial is not None:  # APRIL: one over-provisioned, early-stopped generation
       part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, step, key, stats)
       plan = control.Plan(indices=part.prompt_index, budget=part.sample_mask.sum(1).astype(np.int32))
@@ -176,7 +187,7 @@ class RolloutPipeline:
       break
     while self.partial is None:
       plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B)
-      part, head = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, head)
+      part, aux = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, aux)
       n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
       extra = {}
       if self.ref_samples:  # reference rewards of the plan's prompts (cached), for the selector too
@@ -245,7 +256,7 @@ class RolloutPipeline:
         "rollouts": float(stats.get("rollouts")),
     })
     return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state, partial=partial_state,
-                                arrol=head), info
+                                arrol=aux["arrol"], drafts=aux["drafts"]), info
 
   # -- stages ------------------------------------------------------------------------------------
   def _sample(self, params, ids, mask, key, conf):
@@ -283,8 +294,32 @@ class RolloutPipeline:
     h_sel = np.take_along_axis(h.reshape(B, M, -1), sel[..., None], axis=1)
     return out, h_sel, np.take_along_axis(p, sel, axis=1)
 
-  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", head=None):
-    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the ARRoL head)."""
+  def _sample_speculative(self, params, ids, mask, idx, key, draft_state, step: int, stats: "_Stats"):
+    """SPEC-RL: the prompts' previous rollouts as drafts; returns (out, tokens decoded, new draft state)."""
+    store = self._draft_store()
+    d_ids, d_mask, d_lp, valid = store.get(draft_state, idx)
+    conf = self.sampling_config
+    if valid.any():
+      out, s = sampling.speculative_sample(self.cfg, params, ids, mask, key, conf,
+                                           drafts=sampling.Drafts(d_ids, d_mask, d_lp),
+                                           lenience=self.spec_lenience, residual=False)
+      out = jax.device_get(out)
+      decoded = s["generated_tokens"] + s["rejected_rows"]   # a replacement token per rejected row
+      stats.add("spec/draft_tokens", s["draft_tokens"])
+      stats.add("spec/accepted_tokens", s["accepted_tokens"])
+      stats.add("spec/fully_accepted_rows", s["fully_accepted_rows"])
+      stats.add("rollout/decode_steps", s["decode_steps"])
+    else:
+      out = self._sample(params, ids, mask, key, conf)
+      decoded = int(np.asarray(out.lengths).sum())
+      stats.add("rollout/decode_steps", int(np.asarray(out.lengths).max(initial=0)))
+    new_state = store.put(draft_state, idx, out.completion_ids, out.completion_mask, out.logprobs, step)
+    return out, decoded, new_state
+
+  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", aux: dict):
+    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the generation state)."""
+    aux = dict(aux)
+    decoded = None
     idx = np.asarray(plan.indices)
     examples = [self.examples[int(i)] for i in idx]
     ids, mask = self.prompter(examples)
@@ -312,9 +347,13 @@ class RolloutPipeline:
       stats.add("generated_tokens", float(np.asarray(pool.lengths).sum()))
     else:
       if self.prune:
-        out, h_sel, p_sel = self._sample_pruned(params, np.asarray(ids), np.asarray(mask), key, head, stats)
+        out, h_sel, p_sel = self._sample_pruned(params, np.asarray(ids), np.asarray(mask), key, aux["arrol"], stats)
+      elif self.speculative:
+        out, decoded, aux["drafts"] = self._sample_speculative(params, ids, mask, idx, key, aux["drafts"], step,
+                                                               stats)
       else:
         out = self._sample(params, ids, mask, key, self.sampling_config)
+        stats.add("rollout/decode_steps", int(np.asarray(out.lengths).max(initial=0)))
       batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=step)
       stats.add("time/sample", time.perf_counter() - t0)
       second = None
@@ -328,10 +367,10 @@ class RolloutPipeline:
       if self.prune:  # the head learns from the survivors' outcomes
         success = np.asarray(r) >= 1.0
         stats.mean("arrol/head_accuracy", float(((p_sel > 0.5) == success).mean()))
-        head = control.arrol.head_update(head, jnp.asarray(h_sel.reshape(-1, h_sel.shape[-1])),
+        aux["arrol"] = control.arrol.head_update(aux["arrol"], jnp.asarray(h_sel.reshape(-1, h_sel.shape[-1])),
                                          jnp.asarray(success.reshape(-1)), jnp.asarray(batch.sample_mask.reshape(-1)))
       stats.add("rollouts", float(N * len(idx)))
-      stats.add("generated_tokens", float(np.asarray(batch.lengths).sum()))
+      stats.add("generated_tokens", float(np.asarray(batch.lengths).sum() if decoded is None else decoded))
       stats.add("rollout/padding_frac", _padding_frac(np.asarray(batch.lengths).ravel()))
       if second is not None:
         second = second.replace(rewards=info["second_view_rewards"])
@@ -342,7 +381,7 @@ class RolloutPipeline:
     budget_mask = np.asarray(plan.sample_mask(N))
     if batch.prompt_ids.shape[0] != budget_mask.shape[0]:   # two views: both follow the plan's budget
       budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))
-    return batch.replace(sample_mask=batch.sample_mask & budget_mask), head
+    return batch.replace(sample_mask=batch.sample_mask & budget_mask), aux
 
   def _generate_partial(self, params, ctl, pstate, step: int, key: jax.Array, stats: "_Stats"):
     """APRIL: B finished, scored groups; unfinished and surplus groups go back to the store."""

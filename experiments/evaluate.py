@@ -10,8 +10,10 @@ r"""Evaluates a policy on a test split: pass@1, pass@k (unbiased estimator), maj
 
 With `--decoder=deeplook` the test prompts are decoded with `sampling.deeplook` (N =
 `--deeplook_samples`, settings `--deeplook_*`) and answered by a confidence-weighted vote;
-plain sampling with k = each of `--compare_k` is run beside it (maj@k). Each line reports the
-accuracy and the generated tokens per prompt (losing lookahead continuations included).
+plain sampling with k = each of `--compare_k` is run beside it. Each entry reports `accuracy`
+(DeepLook: the vote weighted by `--vote_weight`; plain: maj@k), `maj_unweighted`,
+`likelihood_weighted` (the vote weighted by exp(mean token log-prob), on either side), pass@1
+and the generated tokens per prompt (losing lookahead continuations included).
 
 Params holding NaN or inf are refused (exit status 2) instead of being scored; a damaged
 latest checkpoint is skipped for the newest intact one. Ctrl-C exits cleanly (status 130).
@@ -110,7 +112,7 @@ def _deeplook_vs_plain(exp, cfg, params, tokenizer, examples) -> dict:
 
   def run(n, decoder):
     conf = base.replace(num_samples=n)
-    acc, plain_acc, tokens, pass1, looks = [], [], 0, [], []
+    acc, lik_acc, plain_acc, tokens, pass1, looks = [], [], [], 0, [], []
     for start in range(0, len(examples), exp.eval.batch_size):
       chunk = examples[start:start + exp.eval.batch_size]
       ids, mask = prompter(chunk)
@@ -132,10 +134,15 @@ def _deeplook_vs_plain(exp, cfg, params, tokenizer, examples) -> dict:
       pass1.append(correct.mean(1))
       answers = [rewards.canonicalize_answers(row, task.same) for row in info_r["answers"]]
       plain_acc.append(eval_metrics.maj_at_k(answers, correct.tolist(), n) * len(chunk))
+      m = np.asarray(out.completion_mask)
+      likelihood = np.exp(np.where(m, np.asarray(out.policy_logprobs), 0).sum(-1) / np.maximum(m.sum(-1), 1))
       for b, row in enumerate(answers):
         voted = deeplook.weighted_vote(row, weights[b])
         acc.append(voted is not None and bool(correct[b][row.index(voted)]))
+        voted = deeplook.weighted_vote(row, likelihood[b])
+        lik_acc.append(voted is not None and bool(correct[b][row.index(voted)]))
     res = {"samples": n, "accuracy": float(np.mean(acc)), "maj_unweighted": float(np.sum(plain_acc) / len(examples)),
+           "likelihood_weighted": float(np.mean(lik_acc)),
            "pass@1": float(np.concatenate(pass1).mean()), "tokens_per_prompt": tokens / len(examples)}
     if looks:
       res["lookaheads_per_sample"] = float(np.concatenate(looks).mean())

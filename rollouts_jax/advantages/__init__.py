@@ -10,6 +10,8 @@ from rollouts_jax.advantages import clustering
 from rollouts_jax.advantages.alias import dr_grpo, grpo, mc_grpo, pvpo, rloo, uniqueness_grpo, xrpo
 from rollouts_jax.advantages.base import (AdvantageTransform, ChainState, EmptyState, apply,
                                           chain)
+from rollouts_jax.advantages import tree
+from rollouts_jax.advantages.tree import echo_hybrid_advantages, normalized_confidence, tree_node_advantages
 from rollouts_jax.advantages.clustering import (cluster_by_answer, cluster_by_judge, llm_judge,
                                                 pairwise_judge)
 from rollouts_jax.advantages.transforms import (batch_std, clip, group_mean, group_mean_baseline,
@@ -28,4 +30,5 @@ __all__ = [
     "novelty_sharpen", "reference_anchor", "group_mean", "group_std", "group_median",
     "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "RECIPES",
     "clustering", "cluster_by_answer", "cluster_by_judge", "llm_judge", "pairwise_judge",
+    "tree", "tree_node_advantages", "echo_hybrid_advantages", "normalized_confidence",
 ]

@@ -8,11 +8,12 @@
 >>> kl = losses.kl_penalty(lp, lp, kind="k3")
 """
 from rollouts_jax.losses.aggregation import AGG_MODES, aggregate, masked_mean
+from rollouts_jax.losses.echo import confidence_clip_ranges, echo_policy_loss
 from rollouts_jax.losses.kl import KL_KINDS, kl_penalty
 from rollouts_jax.losses.policy import KINDS, policy_loss
 from rollouts_jax.losses.shaping import entropy_bonus, entropy_from_logits, overlong_penalty
 
 __all__ = [
     "AGG_MODES", "KINDS", "KL_KINDS", "aggregate", "masked_mean", "kl_penalty", "policy_loss",
-    "entropy_bonus", "entropy_from_logits", "overlong_penalty",
+    "entropy_bonus", "entropy_from_logits", "overlong_penalty", "confidence_clip_ranges", "echo_policy_loss",
 ]

@@ -10,9 +10,11 @@ from rollouts_jax.sampling.batch import RolloutBatch, concat, from_samples
 from rollouts_jax.sampling.sampler import (DEFAULT_PROMPT_BUCKETS, SampleOutput, SamplingConfig,
                                            bucket_length, continue_from, finished_rows, left_pad_to,
                                            mask_after_eos, process_logits, sample)
-from rollouts_jax.sampling import sol_rl, speculative
+from rollouts_jax.sampling import deeplook, sol_rl, speculative, tree
+from rollouts_jax.sampling.tree import TreeConfig, TreeInfo, tree_sample
 from rollouts_jax.sampling.speculative import Drafts, self_speculative_sample, speculative_sample
 
 __all__ = ["DEFAULT_PROMPT_BUCKETS", "Drafts", "RolloutBatch", "SampleOutput", "SamplingConfig", "bucket_length",
            "concat", "continue_from", "finished_rows", "from_samples", "left_pad_to", "mask_after_eos",
-           "process_logits", "sample", "self_speculative_sample", "sol_rl", "speculative", "speculative_sample"]
+           "process_logits", "sample", "self_speculative_sample", "sol_rl", "speculative", "speculative_sample",
+           "TreeConfig", "TreeInfo", "deeplook", "tree", "tree_sample"]

@@ -43,6 +43,9 @@ class RolloutBatch:
     seq_logprobs: optional float32 [B, N], mean token log-prob (XRPO novelty sharpening).
     ref_rewards: optional float32 [B, M], rewards of reference-policy rollouts (PVPO anchor).
     ref_mask: optional bool [B, M], valid entries of `ref_rewards`.
+    token_advantages: optional float32 [B, N, T], per-token advantages that replace the
+      advantage recipe's per-sample ones in the loss (tree rollouts' node values, on-policy
+      distillation's per-token teacher signal). The recipe's sample mask still applies.
   """
   prompt_ids: jax.Array
   prompt_mask: jax.Array
@@ -59,6 +62,7 @@ class RolloutBatch:
   seq_logprobs: Any = None
   ref_rewards: Any = None
   ref_mask: Any = None
+  token_advantages: Any = None
 
   @property
   def shape(self) -> tuple[int, int, int]:
@@ -118,7 +122,7 @@ class RolloutBatch:
 
 
 _TOKEN_FIELDS = ("completion_ids", "completion_mask", "behaviour_logprobs", "policy_version", "old_logprobs",
-                 "entropy")
+                 "entropy", "token_advantages")
 _SAMPLE_FIELDS = _TOKEN_FIELDS + ("rewards", "sample_mask", "cluster_ids", "seq_logprobs")
 
 
@@ -155,7 +159,7 @@ def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
                         if getattr(b, f) is not None})
 
   padded = [pad(b) for b in batches]
-  for f in ("old_logprobs", "entropy", "cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask"):
+  for f in ("old_logprobs", "entropy", "cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask", "token_advantages"):
     present = {getattr(b, f) is not None for b in padded}
     if len(present) > 1:
       raise ValueError(f"concat: field {f!r} is set in some batches and not in others.")

@@ -100,6 +100,12 @@ class RolloutConfig:
   # SPEC-RL speculative rollouts (arXiv 2509.23232): a prompt's rollouts from its previous visit
   # are drafts; the current policy verifies them in one forward, accepting each token with
   # probability min(1, spec_lenience * p_new / p_old), keeps the accepted prefix and decodes on.
+  # Tree rollouts (ECHO arXiv 2602.02150 / TreeRL arXiv 2506.11902): generator "tree" grows one
+  # tree of num_samples leaves per prompt, forking KV-cache rows at high-entropy positions
+  # (sampling.TreeConfig settings in tree_kwargs); the update uses TreeRL's per-token node
+  # advantages in place of rl.advantage's.
+  generator: str = "sample"     # "sample" or "tree"
+  tree_kwargs: str = ""         # sampling.TreeConfig settings, "key=value,key=value"
   speculative: str = ""         # "" (off) or "spec_rl"
   spec_lenience: float = 1.6487212707001282   # e^0.5, the paper's GRPO default (1: exact acceptance)
 
@@ -358,6 +364,19 @@ def validate(cfg: ExperimentConfig) -> None:
   if not 0.0 < ro.top_p <= 1.0:
     raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
+  _one_of(ro.generator, ("sample", "tree"), "rollout.generator")
+  if ro.generator == "tree":
+    from rollouts_jax.sampling import tree as tree_lib  # pylint: disable=g-import-not-at-top
+    try:
+      tree_lib.TreeConfig(**parse_kwargs(ro.tree_kwargs, "rollout.tree_kwargs"))
+    except TypeError as e:
+      raise ValueError(f"Config key rollout.tree_kwargs: {e}") from None
+    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
+                    ("rollout.speculative", bool(ro.speculative)), ("control.prune", bool(cfg.control.prune)),
+                    ("replay.name", cfg.replay.name != "none"),
+                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
+      if on:
+        raise ValueError(f"rollout.generator='tree' does not combine with {key}; turn one of them off.")
   _one_of(ro.speculative, ("", "spec_rl"), "rollout.speculative")
   if ro.speculative:
     if not ro.spec_lenience > 0:

@@ -108,6 +108,8 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
   if c.prune:  # ARRoL
     pipe.prune, pipe.prune_oversample, pipe.prune_at = c.prune, c.prune_oversample, c.prune_at
     pipe.prune_target, pipe.prune_min_examples = c.prune_target, c.prune_min_examples
+  if exp.rollout.generator == "tree":  # tree rollouts (ECHO / TreeRL)
+    pipe.tree = sampling.TreeConfig(**parse_kwargs(exp.rollout.tree_kwargs, "rollout.tree_kwargs"))
   if exp.rollout.speculative:  # SPEC-RL
     pipe.speculative, pipe.spec_lenience = exp.rollout.speculative, exp.rollout.spec_lenience
   if exp.rollout.partial_rollouts:  # APRIL

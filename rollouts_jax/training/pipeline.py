@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rollouts_jax import control, losses, models, replay, rewards, sampling, tasks
+from rollouts_jax import advantages, control, losses, models, replay, rewards, sampling, tasks
 from rollouts_jax.advantages import clustering
 from rollouts_jax.sampling import sol_rl
 from rollouts_jax.sampling.batch import RolloutBatch
@@ -87,6 +87,8 @@ class RolloutPipeline:
       pruning ("" : off): ceil(N * (1 + oversample)) rows per prompt run `prune_at` tokens,
       a quality head keeps N of them (a `prune_target` share of likely successes), and only
       those continue; random pruning until the head has seen `prune_min_examples` outcomes.
+    tree: a `sampling.TreeConfig` (None: independent samples): tree rollouts, whose leaves
+      are the samples and whose TreeRL node values are the per-token advantages.
     speculative, spec_lenience: SPEC-RL ("spec_rl"; "": off): a prompt's rollouts of its
       previous visit are drafts, verified by the current policy with lenience l (accept with
       min(1, l * p_new / p_old)); the longest accepted prefix is kept and decoding continues.
@@ -119,6 +121,7 @@ class RolloutPipeline:
   prune_at: int = 8
   prune_target: float = 0.5
   prune_min_examples: int = 64
+  tree: Optional[sampling.TreeConfig] = None
   speculative: str = ""
   spec_lenience: float = 1.6487212707001282   # e^0.5, SPEC-RL's GRPO default
   seed: int = 0
@@ -348,6 +351,12 @@ class RolloutPipeline:
     else:
       if self.prune:
         out, h_sel, p_sel = self._sample_pruned(params, np.asarray(ids), np.asarray(mask), key, aux["arrol"], stats)
+      elif self.tree is not None:
+        out, tinfo = sampling.tree_sample(self.cfg, params, ids, mask, key, self.sampling_config, self.tree)
+        out, tinfo = jax.device_get((out, tinfo))
+        decoded = int(np.asarray(tinfo.generated_tokens).sum())
+        stats.add("tree/branches", float(np.asarray(tinfo.num_branches).sum()))
+        stats.add("tree/leaves", float(np.asarray(tinfo.leaf_mask).sum()))
       elif self.speculative:
         out, decoded, aux["drafts"] = self._sample_speculative(params, ids, mask, idx, key, aux["drafts"], step,
                                                                stats)
@@ -355,6 +364,8 @@ class RolloutPipeline:
         out = self._sample(params, ids, mask, key, self.sampling_config)
         stats.add("rollout/decode_steps", int(np.asarray(out.lengths).max(initial=0)))
       batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=step)
+      if self.tree is not None:   # rows that ended as no leaf carry nothing
+        batch = batch.replace(sample_mask=np.asarray(tinfo.leaf_mask, bool))
       stats.add("time/sample", time.perf_counter() - t0)
       second = None
       if self.scorer.needs_second_view:
@@ -364,6 +375,10 @@ class RolloutPipeline:
         second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=step)
       r, info = self._score(batch, examples, stats, second_view=second)
       batch = batch.replace(rewards=r)
+      if self.tree is not None:
+        batch = batch.replace(token_advantages=np.asarray(advantages.tree_node_advantages(
+            jnp.asarray(r), jnp.asarray(tinfo.split), jnp.asarray(tinfo.leaf_mask),
+            jnp.asarray(batch.completion_mask)), np.float32))
       if self.prune:  # the head learns from the survivors' outcomes
         success = np.asarray(r) >= 1.0
         stats.mean("arrol/head_accuracy", float(((p_sel > 0.5) == success).mean()))
@@ -573,5 +588,6 @@ def _pad_for_buffer(batch: RolloutBatch, example: RolloutBatch) -> RolloutBatch:
     fields["old_logprobs"] = fields["behaviour_logprobs"]
   return batch.replace(prompt_ids=np.pad(np.asarray(batch.prompt_ids), ((0, 0), (p, 0))),
                        prompt_mask=np.pad(np.asarray(batch.prompt_mask), ((0, 0), (p, 0))),
-                       cluster_ids=None, seq_logprobs=None, ref_rewards=None, ref_mask=None, **fields)
+                       cluster_ids=None, seq_logprobs=None, ref_rewards=None, ref_mask=None, token_advantages=None,
+                       **fields)
 

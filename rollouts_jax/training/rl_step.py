@@ -161,7 +161,10 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   adv_BxN, sample_mask_BxN = advantages_lib.apply(
       advantage_transform(rl), rollouts.rewards, mask=rollouts.sample_mask, **_advantage_extras(rollouts))
   tokens, attn, P = _rows(rollouts)
-  adv_R = adv_BxN.reshape(R)
+  if rollouts.token_advantages is not None:   # per-token advantages (tree node values, distillation)
+    adv_R = rollouts.token_advantages.reshape(R, T).astype(jnp.float32)
+  else:
+    adv_R = adv_BxN.reshape(R)
   loss_mask_RxT = rollouts.completion_mask.reshape(R, T) & sample_mask_BxN.reshape(R, 1)
   rollout_lp = rollouts.behaviour_logprobs.reshape(R, T)
   M = rl.num_minibatches

@@ -207,3 +207,24 @@ def test_old_logprobs_of_the_batch_set_the_ratio_and_tis_weights_the_behaviour_g
   _, m_shift = rl.rl_step(_state(conf), shifted, None, cfg=CFG, rl=conf)
   assert float(m_same["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
   assert float(m_shift["ratio_min"]) == pytest.approx(np.exp(0.5), rel=1e-4)
+
+
+def test_token_advantages_replace_the_recipes_and_weight_each_token():
+  base = RLConfig(steps=5, learning_rate=1e-2, warmup_steps=0, agg="token-mean")
+  r = _rollouts()
+  B, N, T = r.completion_ids.shape
+  adv, _ = rl.advantages_lib.apply(rl.advantage_transform(base), r.rewards, mask=r.sample_mask)
+  # The recipe's advantage broadcast to every token: the same update as without token advantages.
+  s_a, m_a = rl.rl_step(_state(base), r, None, cfg=CFG, rl=base)
+  s_b, m_b = rl.rl_step(_state(base), r.replace(token_advantages=jnp.broadcast_to(adv[..., None], (B, N, T))), None,
+                        cfg=CFG, rl=base)
+  mu = lambda s: optax.tree_utils.tree_get(s.opt_state, "mu")
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8), mu(s_a), mu(s_b))
+  # Zero advantage on every token but one: only that token's log-prob moves up.
+  one = np.zeros((B, N, T), np.float32)
+  one[0, 0, 0] = 1.0
+  s_c, _ = rl.rl_step(_state(base), r.replace(token_advantages=jnp.asarray(one)), None, cfg=CFG, rl=base)
+  tokens, attn, P = rl._rows(r)
+  before, _ = rl.completion_logprobs(CFG, _state(base).params, tokens, attn, P, 1.0)
+  after, _ = rl.completion_logprobs(CFG, s_c.params, tokens, attn, P, 1.0)
+  assert float(after[0, 0]) > float(before[0, 0])

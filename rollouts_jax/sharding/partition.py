@@ -253,9 +253,37 @@ def init_sharded_opt_state(optimizer, params: Any, params_shardings: Any) -> Any
 
   >>> opt_state = init_sharded_opt_state(optax.adamw(1e-3), params, shardings)  # doctest: +SKIP
   """
-  abstract = jax.eval_shape(optimizer.init, params)
+  return init_sharded_state(optimizer.init, params, params_shardings)[0]
+
+
+def init_sharded_state(init_fn: Callable, params: Any, params_shardings: Any = None) -> tuple[Any, Any]:
+  """`init_fn(params)` (a train state holding the params and optimizer moments) built in place.
+
+  The documented path: `jax.eval_shape` gives the state's structure without memory,
+  `tree_shardings_like` gives each leaf a sharding (moments mirror their parameter, counters
+  are replicated), and `jax.jit(init_fn, out_shardings=...)` makes every device write only its
+  shard. The state never aliases `params` (jit outputs are fresh buffers), so a step that
+  donates the state leaves `params` (e.g. a KL reference) intact.
+
+  Args:
+    init_fn: params -> state, traceable (e.g. `functools.partial(init_train_state, tx=tx)`).
+    params: the (sharded) params.
+    params_shardings: their shardings; None on one device (the state is jitted with no
+      sharding constraints, where the params live).
+
+  Returns:
+    `(state, state_shardings)`; `state_shardings` is None when `params_shardings` is.
+
+  >>> import optax
+  >>> state, _ = init_sharded_state(optax.adam(1e-3).init, {"w": jnp.ones((2, 3))})
+  >>> state[0].mu["w"].shape
+  (2, 3)
+  """
+  if params_shardings is None:
+    return jax.jit(init_fn)(params), None
+  abstract = jax.eval_shape(init_fn, params)
   shardings = tree_shardings_like(abstract, params_shardings, params)
-  return jax.jit(optimizer.init, out_shardings=shardings)(params)
+  return jax.jit(init_fn, out_shardings=shardings)(params), shardings
 
 
 def jit_sharded_step(step_fn: Callable, state_shardings: Any, batch_sharding: Any, *,

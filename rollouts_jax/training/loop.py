@@ -10,7 +10,9 @@ that was never interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -20,8 +22,9 @@ import time
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 
-from rollouts_jax import control, replay, rewards, sampling, tasks
+from rollouts_jax import control, replay, rewards, sampling, sharding, tasks
 from rollouts_jax.training.checkpoint import Checkpointer
 from rollouts_jax.training.config import ExperimentConfig, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
@@ -122,6 +125,66 @@ def _abstract(tree):
   return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
+def _global(tree, mesh):
+  """Process-local arrays as replicated global ones (orbax saves only global arrays across processes).
+
+  Every process holds the same pipeline state (the pipeline is deterministic in the step's key), so
+  each local value is the replicated global value. The identity in a single process.
+  """
+  if jax.process_count() == 1:
+    return tree
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def to_global(x):
+    if not isinstance(x, jax.Array) or not x.is_fully_addressable:
+      return x
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, replicated, lambda idx: host[idx])
+
+  return jax.tree_util.tree_map(to_global, tree)
+
+
+def _local(tree):
+  """The inverse of `_global` for a restored pipeline state: replicated global arrays as local ones."""
+  if jax.process_count() == 1:
+    return tree
+  return jax.tree_util.tree_map(
+      lambda x: jax.numpy.asarray(np.asarray(x)) if isinstance(x, jax.Array) and not x.is_fully_addressable else x,
+      tree)
+
+
+class _NoLog:
+  """The metrics logger of a process other than the first in a multi-process run: writes nothing."""
+
+  def log(self, step, metrics):
+    del step, metrics
+
+  def truncate_after(self, step):
+    del step
+
+  def close(self):
+    pass
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    pass
+
+
+def _train_step(step_args: dict, state_shardings=None, mesh=None):
+  """The donated update `(state, batch, ref_params) -> (state, metrics)`.
+
+  On a mesh the state leaves with the shardings it was built with (`state_shardings`), so it
+  never drifts between steps and the step compiles once; on one device it is `rl_step` itself.
+  """
+  if state_shardings is None:
+    return functools.partial(rl_step, **step_args)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.jit(functools.partial(rl_step, **step_args), out_shardings=(state_shardings, replicated),
+                 donate_argnums=(0,))
+
+
 def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool = True,
           allow_config_change: bool = False) -> dict[str, Any]:
   """Runs (or resumes) an experiment in `workdir`; returns a summary dict.
@@ -136,9 +199,10 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   workdir.mkdir(parents=True, exist_ok=True)
   workdir_lib.check_workdir_config(workdir, dataclasses.asdict(exp), allow_change=allow_config_change,
                                    write=jax.process_index() == 0)
-  logger = MetricsLogger(workdir, total_steps=exp.rl.steps if progress else None, desc="rl")
+  lead = jax.process_index() == 0  # one process writes the logs, plots and summary of a multi-process run
+  logger = MetricsLogger(workdir, total_steps=exp.rl.steps if progress else None, desc="rl") if lead else _NoLog()
   train_examples, test_examples = load_task(exp)
-  with MetricsLogger(workdir / "sft", total_steps=None, desc="sft") as sft_logger:  # its own step axis
+  with (MetricsLogger(workdir / "sft", total_steps=None, desc="sft") if lead else _NoLog()) as sft_logger:  # own steps
     cfg, params, tokenizer = load_policy(exp, train_examples, log_fn=sft_logger.log)
   placement = Placement(exp.mesh, cfg)
   params = placement.params(params)
@@ -146,13 +210,19 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   pipeline = build_pipeline(exp, cfg, tokenizer, train_examples)
   evaluate_fn = evaluator(exp, cfg, tokenizer)
   eval_key = jax.random.key(exp.seed + 1)
-  state = {"train": placement.state(init_train_state(params, rl_optimizer(exp.rl))),
-           "pipeline": pipeline.init_state()}
+  # eval_shape -> shardings -> jit(init, out_shardings): each device writes only its shard of the state.
+  train_state, state_shardings = sharding.init_sharded_state(
+      functools.partial(init_train_state, tx=rl_optimizer(exp.rl)), params,
+      placement.param_shardings if placement.active else None)
+  state = {"train": train_state, "pipeline": pipeline.init_state()}
+  mesh = placement.mesh if placement.active else None
   ckpt = Checkpointer(workdir / "checkpoints", save_every=exp.checkpoint.every, keep=exp.checkpoint.keep)
   eval_examples = list(test_examples[:exp.eval.num_examples])
   start, nonfinite_run, summary = 0, 0, {}
   if ckpt.latest_step() is not None:
-    state, meta, _ = ckpt.restore_latest_intact(_abstract(state), quarantine=True)
+    state, meta, _ = ckpt.restore_latest_intact(_abstract(dict(state, pipeline=_global(state["pipeline"], mesh))),
+                                                quarantine=True)
+    state["pipeline"] = _local(state["pipeline"])
     start, nonfinite_run, summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
     log.info("Resumed from step %d", start)
   logger.truncate_after(start if start else -1)  # rows past the resumed step; all before a first checkpoint
@@ -161,13 +231,17 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
     logger.log(0, summary["before"])
   base_key = jax.random.key(exp.seed)
   step_args = dict(cfg=cfg, rl=exp.rl, temperature=exp.rollout.temperature, max_len=exp.rollout.max_new_tokens)
+  train_step = _train_step(step_args, state_shardings, mesh)
+  # The pipeline works on host copies of every rollout. Across processes each process needs the whole
+  # batch, so sampling runs without the rules' batch constraint there (its outputs stay replicated).
+  rollout_context = placement.rollout_context if jax.process_count() == 1 else contextlib.nullcontext
   for step in range(start, exp.rl.steps):
     t0 = time.perf_counter()
-    with placement.rollout_context():
+    with rollout_context():
       batch, pstate, info = pipeline.collect(state["pipeline"], placement.rollout_params(state["train"].params),
                                              step, jax.random.fold_in(base_key, step), ref_params=ref_params)
     t1 = time.perf_counter()
-    train_state, m = rl_step(state["train"], placement.batch(batch), ref_params, **step_args)
+    train_state, m = train_step(state["train"], placement.batch(batch), ref_params)
     state = {"train": train_state, "pipeline": pstate}
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     t2 = time.perf_counter()
@@ -185,7 +259,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       logger.log(step + 1, summary["after"])
     stop = nonfinite_run >= exp.max_nonfinite_steps
     meta = {"rl_step": step + 1, "nonfinite_run": nonfinite_run, "summary": summary}
-    ckpt.save(step + 1, state, meta, force=done or stop)  # skipped updates leave the state finite
+    # Skipped updates leave the state finite.
+    ckpt.save(step + 1, dict(state, pipeline=_global(state["pipeline"], mesh)), meta, force=done or stop)
     if stop:
       logger.close()
       ckpt.close()
@@ -197,9 +272,10 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       return {"stopped_at": step + 1, "params": state["train"].params}
   logger.close()
   ckpt.close()
-  plots = plot_curves(workdir / "metrics.jsonl", workdir / "plots")
+  plots = plot_curves(workdir / "metrics.jsonl", workdir / "plots") if lead else []
   summary.update(final_step=exp.rl.steps, plots=[str(p) for p in plots])
-  (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+  if lead:
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
   return dict(summary, params=state["train"].params)
 
 

@@ -303,6 +303,40 @@ def test_library_rl_step_on_a_mesh_matches_single_device(shape):
   assert new.params["layers"]["q"].sharding.is_equivalent_to(ps["layers"]["q"], 3)
 
 
+def test_train_state_built_in_place_matches_and_survives_donation():
+  """The loop's init path (eval_shape -> shardings -> jit(init, out_shardings)) gives the single-device
+  state with every leaf on its sharding; the loop's donated step leaves the params it was built from
+  intact, matches the single-device step and keeps the state's shardings (no recompile)."""
+  import functools
+  from rollouts_jax.training import loop, rl_step as rl
+  from rollouts_jax.training.config import RLConfig
+  conf = RLConfig(steps=3, learning_rate=1e-3, warmup_steps=0, adam_eps=1e-6)
+  tx = rl.rl_optimizer(conf)
+  mesh, rules = sh.make_mesh((2, 2, 2)), sh.get_rules("fsdp_tp")
+  ps = sh.param_shardings(CFG, mesh, rules)
+  params = sh.shard_params(ref_params(), ps)
+  state, shardings = sh.init_sharded_state(functools.partial(rl.init_train_state, tx=tx), params, ps)
+  ref = rl.init_train_state(ref_params(), tx)
+  assert max_diff(state, ref) == 0.0
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, state, shardings))
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, state.params, ps))
+  moments_q = [x for path, x in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
+               if jax.tree_util.keystr(path).endswith("['layers']['q']")]
+  assert len(moments_q) >= 2 and all(x.sharding == ps["layers"]["q"] for x in moments_q)  # Adam's mu and nu
+  assert state.step.sharding.spec == P()
+  batch = sh.shard_batch(library_rollouts(), mesh)
+  step = loop._train_step(dict(cfg=CFG, rl=conf), shardings, mesh)
+  new, _ = step(state, batch, None)
+  assert state.params["layers"]["q"].is_deleted() and not params["layers"]["q"].is_deleted()
+  assert max_diff(params, ref_params()) == 0.0
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, new, shardings))
+  ref_new, _ = rl.rl_step(ref, library_rollouts(), None, cfg=CFG, rl=conf)
+  assert max_diff(new, ref_new) <= TOL
+  before = step._cache_size()
+  step(new, batch, None)
+  assert step._cache_size() == before
+
+
 def test_training_loop_with_separate_rollout_mesh(tmp_path, monkeypatch):
   """The loop trains on devices 0-3 and samples on devices 4-7 after a hand-off."""
   import dataclasses

@@ -7,7 +7,7 @@
 >>> values, mask = advantages.apply(advantages.mc_grpo(), jnp.array([[0., 1., 1.]]))
 """
 from rollouts_jax.advantages import clustering
-from rollouts_jax.advantages.alias import dr_grpo, grpo, mc_grpo, pvpo, rloo, uniqueness_grpo, xrpo
+from rollouts_jax.advantages.alias import dr_grpo, erils, grpo, mc_grpo, pvpo, rloo, uniqueness_grpo, xrpo
 from rollouts_jax.advantages.base import (AdvantageTransform, ChainState, EmptyState, apply,
                                           chain)
 from rollouts_jax.advantages import tree
@@ -16,19 +16,19 @@ from rollouts_jax.advantages.clustering import (cluster_by_answer, cluster_by_ju
                                                 pairwise_judge)
 from rollouts_jax.advantages.transforms import (batch_std, clip, group_mean, group_mean_baseline,
                                                 group_median, group_median_baseline, group_std,
-                                                leave_one_out_baseline, novelty_sharpen,
+                                                leave_one_out_baseline, novelty_sharpen, per_source,
                                                 reference_anchor, scale_by_batch_std,
                                                 scale_by_group_std, uniqueness_reweight)
 
 #: The recipe names a config may use (`rl.advantage`).
-RECIPES = ("grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo")
+RECIPES = ("grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils")
 
 __all__ = [
     "AdvantageTransform", "ChainState", "EmptyState", "apply", "chain",
     "group_mean_baseline", "leave_one_out_baseline", "group_median_baseline",
     "scale_by_group_std", "scale_by_batch_std", "batch_std", "clip", "uniqueness_reweight",
     "novelty_sharpen", "reference_anchor", "group_mean", "group_std", "group_median",
-    "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "RECIPES",
+    "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils", "per_source", "RECIPES",
     "clustering", "cluster_by_answer", "cluster_by_judge", "llm_judge", "pairwise_judge",
     "tree", "tree_node_advantages", "echo_hybrid_advantages", "normalized_confidence",
 ]

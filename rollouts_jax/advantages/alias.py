@@ -177,3 +177,21 @@ def pvpo(scale: str = "none", eps: float = 1e-4) -> base.AdvantageTransform:
   if scale == "batch_std":
     parts.append(T.scale_by_batch_std(eps=eps))
   return base.chain(*parts)
+
+
+def erils(eps: float = 1e-4, ddof: int = 1) -> base.AdvantageTransform:
+  """ERILS: GRPO normalized apart per rollout source (on-policy vs external rollouts).
+
+  Groups mix the policy's rollouts with a stronger external policy's (METHODS 9.7, ERILS);
+  each (prompt, source) is normalized on its own, since joint normalization collapses
+  training. Reads `source_ids` [B, N] from the batch (0: on-policy, 1: external).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, _ = advantages.apply(advantages.erils(eps=0., ddof=0), jnp.array([[0., 1., 1., 0.]]),
+    ...                           source_ids=jnp.array([[0, 0, 1, 1]]))
+    >>> adv.tolist()
+    [[-1.0, 1.0, 1.0, -1.0]]
+  """
+  return T.per_source(grpo(eps=eps, ddof=ddof), num_sources=2)

@@ -508,3 +508,45 @@ def reference_anchor() -> base.AdvantageTransform:
     return base.finish(values - anchor, mask), mask
 
   return base.stateless(update)
+
+
+def per_source(inner: base.AdvantageTransform, num_sources: int = 2) -> base.AdvantageTransform:
+  """Applies a stateless `inner` transform separately to each rollout source of a group.
+
+  ERILS (external rollouts mixed into groups, METHODS 9.7): on-policy rollouts and a stronger
+  policy's rollouts are normalized apart, `A_i = (r_i - mean_src) / (std_src + eps)` over the
+  samples of the same (prompt, source); normalizing them jointly collapses training. A
+  source with one sample or equal rewards gets 0. Needs `source_ids` (int [B, N], 0 =
+  on-policy, 1.. = external sources).
+
+  Args:
+    inner: a stateless transform (e.g. `grpo()`); its `group_mask` is the source's samples.
+    num_sources: how many source ids there may be (static).
+
+  Returns:
+    A stateless `AdvantageTransform`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> t = advantages.per_source(advantages.dr_grpo())
+    >>> r, s = jnp.array([[1., 0., 1., 1.]]), jnp.array([[0, 0, 1, 1]])
+    >>> advantages.apply(t, r, source_ids=s)[0].tolist()
+    [[0.5, -0.5, 0.0, 0.0]]
+  """
+
+  def update(values, *, mask=None, group_mask=None, source_ids=None, **extra):
+    if source_ids is None:
+      raise ValueError("per_source needs source_ids [B, N] (which policy produced each sample).")
+    values, mask, _ = base.prepare(values, mask, group_mask)
+    source_ids = jnp.asarray(source_ids)
+    out = jnp.zeros_like(values)
+    out_mask = jnp.zeros_like(mask)
+    for s in range(num_sources):
+      sel = mask & (source_ids == s)
+      adv, m, _ = inner.update(values, inner.init(), mask=sel, group_mask=sel, **extra)
+      out = jnp.where(source_ids == s, adv, out)
+      out_mask = jnp.where(source_ids == s, m, out_mask)
+    return base.finish(out, out_mask), out_mask
+
+  return base.stateless(update)

@@ -104,6 +104,11 @@ class RolloutConfig:
   # tree of num_samples leaves per prompt, forking KV-cache rows at high-entropy positions
   # (sampling.TreeConfig settings in tree_kwargs); the update uses TreeRL's per-token node
   # advantages in place of rl.advantage's.
+  # ERILS: external_samples rollouts per prompt from a stronger policy (the same warm start
+  # trained external_sft_steps SFT steps) join each group; finished ones only (length
+  # control); rl.advantage="erils" normalizes them apart from the policy's own.
+  external_samples: int = 0
+  external_sft_steps: int = 0
   generator: str = "sample"     # "sample" or "tree"
   tree_kwargs: str = ""         # sampling.TreeConfig settings, "key=value,key=value"
   speculative: str = ""         # "" (off) or "spec_rl"
@@ -364,6 +369,25 @@ def validate(cfg: ExperimentConfig) -> None:
   if not 0.0 < ro.top_p <= 1.0:
     raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
+  _positive(ro.external_samples, "rollout.external_samples", allow_zero=True)
+  if ro.external_samples:
+    if not ro.external_sft_steps > 0:
+      raise ValueError("Config key rollout.external_sft_steps must be > 0 with rollout.external_samples (the "
+                       "external policy is the warm start trained that many SFT steps).")
+    if cfg.rl.advantage != "erils":
+      raise ValueError(f"rollout.external_samples needs rl.advantage='erils' (per-source normalization), got "
+                       f"{cfg.rl.advantage!r}.")
+    if cfg.rl.tis_cap:
+      raise ValueError("rollout.external_samples needs rl.tis_cap=0: external tokens carry another policy's "
+                       "log-probs and are trained without an importance ratio.")
+    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
+                    ("rollout.speculative", bool(ro.speculative)), ("control.prune", bool(cfg.control.prune)),
+                    ("rollout.generator='tree'", ro.generator == "tree"), ("replay.name", cfg.replay.name != "none"),
+                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
+      if on:
+        raise ValueError(f"rollout.external_samples does not combine with {key}; turn one of them off.")
+  elif cfg.rl.advantage == "erils":
+    raise ValueError("rl.advantage='erils' needs rollout.external_samples > 0 (external rollouts to normalize apart).")
   _one_of(ro.generator, ("sample", "tree"), "rollout.generator")
   if ro.generator == "tree":
     from rollouts_jax.sampling import tree as tree_lib  # pylint: disable=g-import-not-at-top

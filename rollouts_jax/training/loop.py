@@ -111,6 +111,10 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
   if c.prune:  # ARRoL
     pipe.prune, pipe.prune_oversample, pipe.prune_at = c.prune, c.prune_oversample, c.prune_at
     pipe.prune_target, pipe.prune_min_examples = c.prune_target, c.prune_min_examples
+  if exp.rollout.external_samples:  # ERILS: the external policy is a longer-trained warm start
+    teacher = dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=exp.rollout.external_sft_steps))
+    _, pipe.external_params, _, _ = warm_start(teacher, train_examples)
+    pipe.external_samples = exp.rollout.external_samples
   if exp.rollout.generator == "tree":  # tree rollouts (ECHO / TreeRL)
     pipe.tree = sampling.TreeConfig(**parse_kwargs(exp.rollout.tree_kwargs, "rollout.tree_kwargs"))
   if exp.rollout.speculative:  # SPEC-RL

@@ -87,6 +87,8 @@ class RolloutPipeline:
       pruning ("" : off): ceil(N * (1 + oversample)) rows per prompt run `prune_at` tokens,
       a quality head keeps N of them (a `prune_target` share of likely successes), and only
       those continue; random pruning until the head has seen `prune_min_examples` outcomes.
+    external_params, external_samples: ERILS's external policy and its rollouts per prompt
+      (None / 0: off); they join each group with `source_ids` 1, finished ones only.
     tree: a `sampling.TreeConfig` (None: independent samples): tree rollouts, whose leaves
       are the samples and whose TreeRL node values are the per-token advantages.
     speculative, spec_lenience: SPEC-RL ("spec_rl"; "": off): a prompt's rollouts of its
@@ -121,6 +123,8 @@ class RolloutPipeline:
   prune_at: int = 8
   prune_target: float = 0.5
   prune_min_examples: int = 64
+  external_params: Any = None
+  external_samples: int = 0
   tree: Optional[sampling.TreeConfig] = None
   speculative: str = ""
   spec_lenience: float = 1.6487212707001282   # e^0.5, SPEC-RL's GRPO default
@@ -244,6 +248,8 @@ class RolloutPipeline:
     batch = batch.trim(width)
     info = stats.summary()
     r, live = np.asarray(batch.rewards), np.asarray(batch.sample_mask)
+    if batch.source_ids is not None:   # step statistics of the policy's own rollouts (ERILS)
+      live = live & (np.asarray(batch.source_ids) == 0)
     ent = np.asarray(batch.entropy) if batch.entropy is not None else np.zeros(batch.completion_ids.shape)
     m = np.asarray(batch.completion_mask) & live[..., None]
     info.update({
@@ -387,6 +393,8 @@ class RolloutPipeline:
       stats.add("rollouts", float(N * len(idx)))
       stats.add("generated_tokens", float(np.asarray(batch.lengths).sum() if decoded is None else decoded))
       stats.add("rollout/padding_frac", _padding_frac(np.asarray(batch.lengths).ravel()))
+      if self.external_samples:
+        batch = self._external(batch, ids, mask, idx, examples, step, jax.random.fold_in(key, 5), stats)
       if second is not None:
         second = second.replace(rewards=info["second_view_rewards"])
         stats.add("rollouts", float(N * len(idx)))
@@ -394,6 +402,8 @@ class RolloutPipeline:
         batch = sampling.concat([batch, second])
     stats.add("rollouts_budget", float(np.asarray(plan.budget).sum()))  # what the selector spent
     budget_mask = np.asarray(plan.sample_mask(N))
+    if self.external_samples:   # external rollouts are outside the selector's budget
+      budget_mask = np.concatenate([budget_mask, np.ones((budget_mask.shape[0], self.external_samples), bool)], 1)
     if batch.prompt_ids.shape[0] != budget_mask.shape[0]:   # two views: both follow the plan's budget
       budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))
     return batch.replace(sample_mask=batch.sample_mask & budget_mask), aux
@@ -457,6 +467,36 @@ class RolloutPipeline:
     stats.add("april/off_policy_token_frac",
               float((np.asarray(batch.policy_version) < step)[live].mean()) if live.any() else 0.0)
     return batch, ctl, pstate
+
+  def _external(self, batch: RolloutBatch, ids, mask, idx, examples, step: int, key, stats: "_Stats"):
+    """ERILS: the external policy's rollouts of the same prompts join each group (source 1).
+
+    Length control: only rollouts that ended with EOS within the budget are kept (a
+    truncated external rollout is masked out, never trained on).
+    """
+    conf = self.sampling_config
+    K = self.external_samples
+    out = self._sample(self.external_params, ids, mask, key, conf.replace(num_samples=K))
+    ext = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=-1)
+    lengths = np.asarray(out.lengths)
+    ended = np.ones(lengths.shape, bool)   # without an EOS id nothing can be told apart
+    if conf.eos_ids:
+      last = np.take_along_axis(np.asarray(out.completion_ids), np.maximum(lengths - 1, 0)[..., None], axis=-1)[..., 0]
+      ended = np.isin(last, conf.eos_ids) & (lengths > 0)
+    ext = ext.replace(sample_mask=ended)
+    r, _ = self._score(ext, examples, _Stats())
+    ext = ext.replace(rewards=r)
+    stats.add("erils/external_rollouts", float(K * len(idx)))
+    stats.add("erils/rejected_overlong", float((~ended).sum()))
+    stats.mean("erils/external_reward_mean", float(r[ended].mean()) if ended.any() else 0.0)
+    stats.add("generated_tokens", float(np.asarray(out.lengths).sum()))
+    B, N = batch.sample_mask.shape
+    src = np.concatenate([np.zeros((B, N), np.int32), np.ones((B, K), np.int32)], 1)
+    tok = lambda a, b: np.concatenate([np.asarray(a), np.asarray(b)], 1)
+    fields = {f: tok(getattr(batch, f), getattr(ext, f)) for f in (
+        "completion_ids", "completion_mask", "behaviour_logprobs", "policy_version", "rewards", "sample_mask",
+        "entropy")}
+    return batch.replace(source_ids=src, **fields)
 
   def _score(self, batch: RolloutBatch, examples, stats: "_Stats", second_view: RolloutBatch | None = None):
     """FILTER: rewards [B, N] of a batch (references read only when the reward needs labels)."""

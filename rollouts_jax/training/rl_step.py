@@ -123,7 +123,7 @@ def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro, temperature):
 
 def _advantage_extras(rollouts: RolloutBatch) -> dict[str, Any]:
   extra = {}
-  for name in ("cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask"):
+  for name in ("cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask", "source_ids"):
     if getattr(rollouts, name) is not None:
       extra[name] = getattr(rollouts, name)
   return extra

@@ -18,6 +18,6 @@ from rollouts_jax.training.config import load_config_file
 def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "default.py"), arg)
   config.rollout.external_samples = 4
-  config.rollout.external_sft_steps = 400 if arg != "smoke" else config.sft.steps + 5
+  config.rollout.teacher_sft_steps = 400 if arg != "smoke" else config.sft.steps + 5
   config.rl.advantage = "erils"
   return config

@@ -104,11 +104,23 @@ class RolloutConfig:
   # tree of num_samples leaves per prompt, forking KV-cache rows at high-entropy positions
   # (sampling.TreeConfig settings in tree_kwargs); the update uses TreeRL's per-token node
   # advantages in place of rl.advantage's.
-  # ERILS: external_samples rollouts per prompt from a stronger policy (the same warm start
-  # trained external_sft_steps SFT steps) join each group; finished ones only (length
-  # control); rl.advantage="erils" normalizes them apart from the policy's own.
+  # A stronger local policy (the same warm start trained teacher_sft_steps SFT steps), used by
+  # ERILS and on-policy distillation.
+  teacher_sft_steps: int = 0
+  # ERILS: external_samples rollouts per prompt from the teacher join each group; finished ones
+  # only (length control); rl.advantage="erils" normalizes them apart from the policy's own.
   external_samples: int = 0
-  external_sft_steps: int = 0
+  # On-policy distillation: the teacher scores the student's rollouts per token; each token's
+  # advantage is log p_teacher - log p_student (reverse KL), in place of rl.advantage's.
+  # "opd": full rollouts; "esr": only the first distill_window tokens are generated and
+  # trained; "adwin": that window adapts, every adwin_every steps, from a full-rollout probe
+  # (grown by adwin_gamma when the prefix's per-sequence signal is less aligned with the full
+  # rollout's than adwin_tau, shrunk otherwise).
+  distill: str = ""             # "", "opd", "esr" or "adwin"
+  distill_window: int = 16
+  adwin_every: int = 5
+  adwin_gamma: float = 0.25
+  adwin_tau: float = 0.9
   generator: str = "sample"     # "sample" or "tree"
   tree_kwargs: str = ""         # sampling.TreeConfig settings, "key=value,key=value"
   speculative: str = ""         # "" (off) or "spec_rl"
@@ -371,8 +383,8 @@ def validate(cfg: ExperimentConfig) -> None:
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
   _positive(ro.external_samples, "rollout.external_samples", allow_zero=True)
   if ro.external_samples:
-    if not ro.external_sft_steps > 0:
-      raise ValueError("Config key rollout.external_sft_steps must be > 0 with rollout.external_samples (the "
+    if not ro.teacher_sft_steps > 0:
+      raise ValueError("Config key rollout.teacher_sft_steps must be > 0 with rollout.external_samples (the "
                        "external policy is the warm start trained that many SFT steps).")
     if cfg.rl.advantage != "erils":
       raise ValueError(f"rollout.external_samples needs rl.advantage='erils' (per-source normalization), got "
@@ -388,6 +400,26 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ValueError(f"rollout.external_samples does not combine with {key}; turn one of them off.")
   elif cfg.rl.advantage == "erils":
     raise ValueError("rl.advantage='erils' needs rollout.external_samples > 0 (external rollouts to normalize apart).")
+  _one_of(ro.distill, ("", "opd", "esr", "adwin"), "rollout.distill")
+  if ro.distill:
+    if not ro.teacher_sft_steps > 0:
+      raise ValueError("Config key rollout.teacher_sft_steps must be > 0 with rollout.distill (the teacher is the "
+                       "warm start trained that many SFT steps).")
+    if not 1 <= ro.distill_window <= ro.max_new_tokens:
+      raise ValueError(f"Config key rollout.distill_window must be in [1, rollout.max_new_tokens="
+                       f"{ro.max_new_tokens}], got {ro.distill_window}.")
+    _positive(ro.adwin_every, "rollout.adwin_every")
+    if not 0 < ro.adwin_gamma < 1 or not -1 <= ro.adwin_tau <= 1:
+      raise ValueError(f"Config keys rollout.adwin_gamma must be in (0, 1) and rollout.adwin_tau in [-1, 1]; got "
+                       f"{ro.adwin_gamma}, {ro.adwin_tau}.")
+    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
+                    ("rollout.speculative", bool(ro.speculative)), ("control.prune", bool(cfg.control.prune)),
+                    ("rollout.generator='tree'", ro.generator == "tree"),
+                    ("rollout.external_samples", bool(ro.external_samples)), ("replay.name", cfg.replay.name != "none"),
+                    ("control.dynamic_sampling", cfg.control.dynamic_sampling),
+                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
+      if on:
+        raise ValueError(f"rollout.distill does not combine with {key}; turn one of them off.")
   _one_of(ro.generator, ("sample", "tree"), "rollout.generator")
   if ro.generator == "tree":
     from rollouts_jax.sampling import tree as tree_lib  # pylint: disable=g-import-not-at-top

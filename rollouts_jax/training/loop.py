@@ -111,10 +111,12 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
   if c.prune:  # ARRoL
     pipe.prune, pipe.prune_oversample, pipe.prune_at = c.prune, c.prune_oversample, c.prune_at
     pipe.prune_target, pipe.prune_min_examples = c.prune_target, c.prune_min_examples
-  if exp.rollout.external_samples:  # ERILS: the external policy is a longer-trained warm start
-    teacher = dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=exp.rollout.external_sft_steps))
-    _, pipe.external_params, _, _ = warm_start(teacher, train_examples)
-    pipe.external_samples = exp.rollout.external_samples
+  ro = exp.rollout
+  if ro.external_samples or ro.distill:  # ERILS / distillation: the teacher is a longer-trained warm start
+    teacher = dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=ro.teacher_sft_steps))
+    _, pipe.teacher_params, _, _ = warm_start(teacher, train_examples)
+    pipe.external_samples, pipe.distill, pipe.distill_window = ro.external_samples, ro.distill, ro.distill_window
+    pipe.adwin = (ro.adwin_every, ro.adwin_gamma, ro.adwin_tau)
   if exp.rollout.generator == "tree":  # tree rollouts (ECHO / TreeRL)
     pipe.tree = sampling.TreeConfig(**parse_kwargs(exp.rollout.tree_kwargs, "rollout.tree_kwargs"))
   if exp.rollout.speculative:  # SPEC-RL

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Any, Optional, Sequence
 
@@ -60,6 +61,7 @@ class PipelineState:
   partial: Any = None
   arrol: Any = None
   drafts: Any = None
+  window: Any = None
 
 
 @dataclasses.dataclass
@@ -87,8 +89,13 @@ class RolloutPipeline:
       pruning ("" : off): ceil(N * (1 + oversample)) rows per prompt run `prune_at` tokens,
       a quality head keeps N of them (a `prune_target` share of likely successes), and only
       those continue; random pruning until the head has seen `prune_min_examples` outcomes.
-    external_params, external_samples: ERILS's external policy and its rollouts per prompt
-      (None / 0: off); they join each group with `source_ids` 1, finished ones only.
+    teacher_params: a stronger policy (ERILS's external policy, distillation's teacher).
+    external_samples: ERILS's teacher rollouts per prompt (0: off); they join each group
+      with `source_ids` 1, finished ones only.
+    distill, distill_window, adwin: on-policy distillation ("opd", "esr", "adwin"; "": off):
+      per-token advantages log p_teacher - log p_student on the student's rollouts; ESR
+      generates and trains only the first `distill_window` tokens; ADWIN adapts that window
+      every `adwin[0]` steps from a full-rollout probe (`_adwin_probe`).
     tree: a `sampling.TreeConfig` (None: independent samples): tree rollouts, whose leaves
       are the samples and whose TreeRL node values are the per-token advantages.
     speculative, spec_lenience: SPEC-RL ("spec_rl"; "": off): a prompt's rollouts of its
@@ -123,8 +130,11 @@ class RolloutPipeline:
   prune_at: int = 8
   prune_target: float = 0.5
   prune_min_examples: int = 64
-  external_params: Any = None
+  teacher_params: Any = None
   external_samples: int = 0
+  distill: str = ""
+  distill_window: int = 16
+  adwin: tuple = (5, 0.25, 0.9)
   tree: Optional[sampling.TreeConfig] = None
   speculative: str = ""
   spec_lenience: float = 1.6487212707001282   # e^0.5, SPEC-RL's GRPO default
@@ -150,8 +160,9 @@ class RolloutPipeline:
     partial = self.partial.init() if self.partial is not None else None
     head = control.arrol.head_init(self.cfg.hidden_size) if self.prune else None
     drafts = self._draft_store().init() if self.speculative else None
+    window = jnp.asarray(self.distill_window, jnp.int32) if self.distill in ("esr", "adwin") else None
     return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial, arrol=head,
-                         drafts=drafts)
+                         drafts=drafts, window=window)
 
   def _draft_store(self) -> replay.DraftStore:
     return replay.draft_store(len(self.examples), self.num_samples, self.sampling_config.max_new_tokens)
@@ -184,7 +195,7 @@ class RolloutPipeline:
     refill = 0
     ref_state = state.ref
     partial_state = state.partial
-    aux = {"arrol": state.arrol, "drafts": state.drafts}   # generation state threaded through _generate
+    aux = {"arrol": state.arrol, "drafts": state.drafts, "window": state.window}   # threaded through _generate
     while self.partial is not None:  # APRIL: one over-provisioned, early-stopped generation
       part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, step, key, stats)
       plan = control.Plan(indices=part.prompt_index, budget=part.sample_mask.sum(1).astype(np.int32))
@@ -265,7 +276,7 @@ class RolloutPipeline:
         "rollouts": float(stats.get("rollouts")),
     })
     return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state, partial=partial_state,
-                                arrol=aux["arrol"], drafts=aux["drafts"]), info
+                                arrol=aux["arrol"], drafts=aux["drafts"], window=aux["window"]), info
 
   # -- stages ------------------------------------------------------------------------------------
   def _sample(self, params, ids, mask, key, conf):
@@ -367,7 +378,11 @@ class RolloutPipeline:
         out, decoded, aux["drafts"] = self._sample_speculative(params, ids, mask, idx, key, aux["drafts"], step,
                                                                stats)
       else:
-        out = self._sample(params, ids, mask, key, self.sampling_config)
+        conf = self.sampling_config
+        if aux.get("window") is not None:   # ESR / ADWIN: only the first `window` tokens
+          conf = conf.replace(max_new_tokens=int(aux["window"]))
+          stats.add("distill/window", float(aux["window"]))
+        out = self._sample(params, ids, mask, key, conf)
         stats.add("rollout/decode_steps", int(np.asarray(out.lengths).max(initial=0)))
       batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=step)
       if self.tree is not None:   # rows that ended as no leaf carry nothing
@@ -381,6 +396,11 @@ class RolloutPipeline:
         second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=step)
       r, info = self._score(batch, examples, stats, second_view=second)
       batch = batch.replace(rewards=r)
+      if self.distill:
+        batch = batch.replace(token_advantages=self._teacher_advantages(batch, stats))
+        if self.distill == "adwin" and step % self.adwin[0] == 0:
+          aux["window"] = self._adwin_probe(params, ids, mask, idx, int(aux["window"]), jax.random.fold_in(key, 6),
+                                            stats)
       if self.tree is not None:
         batch = batch.replace(token_advantages=np.asarray(advantages.tree_node_advantages(
             jnp.asarray(r), jnp.asarray(tinfo.split), jnp.asarray(tinfo.leaf_mask),
@@ -468,6 +488,48 @@ class RolloutPipeline:
               float((np.asarray(batch.policy_version) < step)[live].mean()) if live.any() else 0.0)
     return batch, ctl, pstate
 
+  def _teacher_advantages(self, batch: RolloutBatch, stats: "_Stats") -> np.ndarray:
+    """On-policy distillation: per-token log p_teacher(y_t) - log p_student(y_t), 0 off the mask.
+
+    The single-sample form of the reverse KL (GKD, Agarwal et al. 2024): maximizing it pulls
+    the student toward the teacher on the student's own prefixes.
+    """
+    scored, _ = sol_rl.recompute_batch(self.cfg, self.teacher_params, batch,
+                                       temperature=self.sampling_config.temperature)
+    m = np.asarray(batch.completion_mask)
+    adv = np.where(m, np.asarray(scored.old_logprobs) - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)
+    stats.mean("distill/reverse_kl", float(-adv[m].mean()) if m.any() else 0.0)
+    return adv
+
+  def _adwin_probe(self, params, ids, mask, idx, window: int, key, stats: "_Stats") -> jnp.ndarray:
+    """ADWIN: a full-length probe of the same prompts; grow the window if its prefix misleads.
+
+    Alignment is the cosine, over the probe's sequences, between each sequence's mean
+    per-token distillation advantage on its first `window` tokens and on the whole rollout.
+    Below `adwin_tau` the window grows by `adwin_gamma`, else it shrinks by it (ours: the
+    paper's exact rule is not public); the window stays in [4, max_new_tokens], a multiple of
+    4 (few shapes compile). The probe is a cost (its tokens are counted), not training data.
+    """
+    every, gamma, tau = self.adwin
+    T = self.sampling_config.max_new_tokens
+    out = self._sample(params, ids, mask, key, self.sampling_config)
+    probe = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=0)
+    adv = self._teacher_advantages(probe, _Stats())
+    m = np.asarray(probe.completion_mask)
+    pre = m & (np.arange(m.shape[-1]) < window)
+    full_mean = (adv * m).sum(-1) / np.maximum(m.sum(-1), 1)
+    pre_mean = (adv * pre).sum(-1) / np.maximum(pre.sum(-1), 1)
+    cos = float((full_mean * pre_mean).sum() / max(np.linalg.norm(full_mean) * np.linalg.norm(pre_mean), 1e-12))
+    if cos < tau:   # grow (rounded up to a multiple of 4) ...
+      new = int(math.ceil(window * (1 + gamma) / 4) * 4)
+    else:           # ... or shrink (rounded down)
+      new = int(math.floor(window * (1 - gamma) / 4) * 4)
+    new = min(T, max(4, new))
+    stats.add("distill/probe_tokens", float(np.asarray(out.lengths).sum()))
+    stats.add("generated_tokens", float(np.asarray(out.lengths).sum()))
+    stats.mean("distill/probe_alignment", cos)
+    return jnp.asarray(new, jnp.int32)
+
   def _external(self, batch: RolloutBatch, ids, mask, idx, examples, step: int, key, stats: "_Stats"):
     """ERILS: the external policy's rollouts of the same prompts join each group (source 1).
 
@@ -476,7 +538,7 @@ class RolloutPipeline:
     """
     conf = self.sampling_config
     K = self.external_samples
-    out = self._sample(self.external_params, ids, mask, key, conf.replace(num_samples=K))
+    out = self._sample(self.teacher_params, ids, mask, key, conf.replace(num_samples=K))
     ext = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=-1)
     lengths = np.asarray(out.lengths)
     ended = np.ones(lengths.shape, bool)   # without an EOS id nothing can be told apart

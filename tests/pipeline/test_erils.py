@@ -32,7 +32,7 @@ def test_per_source_normalization_on_hand_made_groups():
 
 
 def test_pipeline_mixes_external_rollouts_into_groups(monkeypatch):
-  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 8, "external_samples": 2, "external_sft_steps": 5},
+  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 8, "external_samples": 2, "teacher_sft_steps": 5},
              rl={"advantage": "erils"})
   # Build with a stand-in external policy (no SFT here): a different random model.
   from rollouts_jax.training import loop
@@ -40,7 +40,7 @@ def test_pipeline_mixes_external_rollouts_into_groups(monkeypatch):
   p, params = _pipeline(exp)
   other = models.init_params(p.cfg, jax.random.key(3))
   other["lm_head"] = other["lm_head"].at[:, TOK.eos_id].add(3.0)   # ends often, but not always, within 8
-  p.external_params = other
+  p.teacher_params = other
   batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
   B, NK, _ = batch.completion_ids.shape
   assert NK == 6
@@ -61,10 +61,10 @@ def test_pipeline_mixes_external_rollouts_into_groups(monkeypatch):
 
 
 @pytest.mark.parametrize("rollout,rl_section,match", [
-    ({"external_samples": 2}, {"advantage": "erils"}, "rollout.external_sft_steps"),
-    ({"external_samples": 2, "external_sft_steps": 5}, {}, "rl.advantage='erils'"),
+    ({"external_samples": 2}, {"advantage": "erils"}, "rollout.teacher_sft_steps"),
+    ({"external_samples": 2, "teacher_sft_steps": 5}, {}, "rl.advantage='erils'"),
     ({}, {"advantage": "erils"}, "rollout.external_samples"),
-    ({"external_samples": 2, "external_sft_steps": 5}, {"advantage": "erils", "tis_cap": 2.0}, "rl.tis_cap"),
+    ({"external_samples": 2, "teacher_sft_steps": 5}, {"advantage": "erils", "tis_cap": 2.0}, "rl.tis_cap"),
 ])
 def test_erils_config_errors_name_the_key(rollout, rl_section, match):
   with pytest.raises(ValueError, match=match):

@@ -1,0 +1,68 @@
+"""On-policy distillation (OPD), ESR and ADWIN through the pipeline, with a stand-in teacher."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rollouts_jax import models
+from rollouts_jax.training import config as config_lib
+
+from tests.pipeline.test_stages import _exp, _pipeline
+
+
+def _distill_pipeline(monkeypatch, **rollout):
+  from rollouts_jax.training import loop
+  monkeypatch.setattr(loop, "warm_start", lambda e, ex: (None, None, None, None))
+  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, **rollout})
+  p, params = _pipeline(exp)
+  p.teacher_params = models.init_params(p.cfg, jax.random.key(11))
+  return p, params
+
+
+def test_opd_token_advantages_are_teacher_minus_student_logprobs(monkeypatch):
+  p, params = _distill_pipeline(monkeypatch, distill="opd")
+  batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
+  B, N, T = batch.completion_ids.shape
+  rows = np.concatenate([np.repeat(np.asarray(batch.prompt_ids), N, 0),
+                         np.asarray(batch.completion_ids).reshape(B * N, T)], 1)
+  attn = np.concatenate([np.repeat(np.asarray(batch.prompt_mask), N, 0), np.ones((B * N, T), bool)], 1)
+  P = batch.prompt_ids.shape[1]
+  teacher = np.asarray(models.token_logprobs(p.cfg, p.teacher_params, jnp.asarray(rows), jnp.asarray(attn), P)[0])
+  student = np.asarray(models.token_logprobs(p.cfg, params, jnp.asarray(rows), jnp.asarray(attn), P)[0])
+  m = np.asarray(batch.completion_mask).reshape(B * N, T)
+  adv = np.asarray(batch.token_advantages).reshape(B * N, T)
+  np.testing.assert_allclose(adv[m], (teacher - student)[m], atol=2e-4)
+  assert (adv[~m] == 0).all()
+  assert info["distill/reverse_kl"] == pytest.approx(-adv[m].mean(), rel=1e-4)
+
+
+def test_esr_generates_only_the_window(monkeypatch):
+  p, params = _distill_pipeline(monkeypatch, distill="esr", distill_window=4)
+  state = p.init_state()
+  batch, state, info = p.collect(state, params, 0, jax.random.key(0))
+  assert batch.completion_ids.shape[-1] <= 8 and int(np.asarray(batch.lengths).max()) <= 4
+  assert info["generated_tokens"] <= 4 * 4 * 4 and int(state.window) == 4
+
+
+def test_adwin_adapts_the_window_from_full_probes(monkeypatch):
+  p, params = _distill_pipeline(monkeypatch, distill="adwin", distill_window=8, adwin_every=1, adwin_tau=1.0)
+  state = p.init_state()
+  _, state, info = p.collect(state, params, 0, jax.random.key(0))
+  # tau = 1: a prefix is never perfectly aligned with the full rollout, so the window grows.
+  assert int(state.window) == 12 and info["distill/probe_tokens"] > 0
+  assert info["generated_tokens"] > info["distill/probe_tokens"]
+  p.adwin = (1, 0.25, -1.0)   # tau = -1: always aligned enough, so it shrinks, never below 4
+  for step in range(1, 6):
+    _, state, info = p.collect(state, params, step, jax.random.key(step))
+  assert int(state.window) == 4 and info["distill/window"] == 4
+
+
+@pytest.mark.parametrize("rollout,match", [
+    ({"distill": "kd"}, "rollout.distill"),
+    ({"distill": "opd"}, "rollout.teacher_sft_steps"),
+    ({"distill": "esr", "teacher_sft_steps": 5, "distill_window": 0}, "rollout.distill_window"),
+])
+def test_distill_config_errors_name_the_key(rollout, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.validate(_exp(rollout=rollout))

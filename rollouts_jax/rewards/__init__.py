@@ -47,7 +47,8 @@ from rollouts_jax.rewards.extract import (
     parse_number,
 )
 from rollouts_jax.rewards.format import FORMAT_STYLES, format_reward
-from rollouts_jax.rewards.group import GROUP_TERMS, GroupScorer, build_scorer, parse_reward_spec, ttrl
+from rollouts_jax.rewards.group import (GROUP_TERMS, GroupScorer, build_scorer, cat_prompt, cat_reward,
+                                       parse_reward_spec, ttrl)
 from rollouts_jax.rewards.gsm8k import gsm8k_answer, gsm8k_reference_number, gsm8k_reward
 from rollouts_jax.rewards.label_free import (
     answer_counts,
@@ -94,5 +95,5 @@ __all__ = [
     "register_reward_fn", "reset_failure_counts", "reward_fn_names", "score_batch",
     "sequence_scores", "shutdown_default_pools", "soft_self_consistency", "time_limit",
     "ttrl_reward", "GraderFailureError", "check_grader_health", "is_inline_safe", "mark_inline_safe",
-    "merge_stats", "summarize_stats", "GROUP_TERMS", "GroupScorer", "build_scorer", "parse_reward_spec", "ttrl",
+    "merge_stats", "summarize_stats", "GROUP_TERMS", "cat_prompt", "cat_reward", "GroupScorer", "build_scorer", "parse_reward_spec", "ttrl",
 ]

@@ -25,7 +25,7 @@ import numpy as np
 
 from rollouts_jax.rewards import label_free, pool, registry
 
-GROUP_TERMS = ("ttrl", "dare", "co_reward")
+GROUP_TERMS = ("ttrl", "dare", "co_reward", "cat")
 _TERM_RE = re.compile(r"^\s*(?:(?P<w>[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)\s*\*\s*)?(?P<name>[A-Za-z_][\w]*)\s*$")
 
 
@@ -39,7 +39,7 @@ def parse_reward_spec(spec: str, key: str = "reward.name") -> list[tuple[str, fl
   >>> parse_reward_spec("tttrl")
   Traceback (most recent call last):
   ...
-  ValueError: Config key reward.name: unknown reward term 'tttrl' in 'tttrl'; known: task, ttrl, dare, co_reward, arithmetic, countdown, countdown_at_most_once, format, format_answer_tag, format_boxed, format_think_answer, gsm8k, math.
+  ValueError: Config key reward.name: unknown reward term 'tttrl' in 'tttrl'; known: task, ttrl, dare, co_reward, cat, arithmetic, countdown, countdown_at_most_once, format, format_answer_tag, format_boxed, format_think_answer, gsm8k, math.
   """
   known = ["task", *GROUP_TERMS, *registry.reward_fn_names()]
   terms: list[tuple[str, float]] = []
@@ -87,14 +87,19 @@ class GroupScorer:
   def needs_second_view(self) -> bool:
     return any(t == "co_reward" for t, _ in self.terms)
 
+  @property
+  def needs_anchor(self) -> bool:
+    """A CaT term: the caller also has the frozen anchor write one reference per group."""
+    return any(t == "cat" for t, _ in self.terms)
+
   def answers(self, texts: Sequence[Sequence[str]]) -> list[list[Optional[str]]]:
     """The task's extracted answer of every completion, `[B][N]`."""
     return [[self.task.extract(t) for t in row] for row in texts]
 
   def __call__(self, texts: Sequence[Sequence[str]], references: Optional[Sequence[Any]] = None, *,
                entropy_BxN: Optional[np.ndarray] = None,
-               second_view: Optional[Sequence[Sequence[str]]] = None
-               ) -> tuple[np.ndarray, dict[str, Any]]:
+               second_view: Optional[Sequence[Sequence[str]]] = None,
+               anchor_texts: Optional[Sequence[str]] = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Rewards `[B, N]` (float32) and info.
 
     Args:
@@ -102,6 +107,7 @@ class GroupScorer:
       references: B references (only read by verifier terms; None for label-free specs).
       entropy_BxN: mean token entropy of each sample (DARE's uncertainty).
       second_view: B groups of completions of the rewritten questions (Co-Reward).
+      anchor_texts: B syntheses, one per group, written by the frozen anchor (CaT).
 
     Returns:
       (rewards, info) where info has `answers` ([B][N]), per-term means `reward/<term>`,
@@ -118,7 +124,7 @@ class GroupScorer:
     info["answers"] = answers
     for name, weight in self.terms:
       if name in GROUP_TERMS:
-        r = self._group_term(name, answers, entropy_BxN, second_view, info)
+        r = self._group_term(name, answers, entropy_BxN, second_view, info, anchor_texts)
       else:
         if references is None or len(references) != B:
           raise ValueError(f"reward term {name!r} needs one reference per prompt.")
@@ -142,7 +148,14 @@ class GroupScorer:
     info["wall_s"] = time.perf_counter() - t0
     return total, info
 
-  def _group_term(self, name, answers, entropy_BxN, second_view, info):
+  def _group_term(self, name, answers, entropy_BxN, second_view, info, anchor_texts=None):
+    if name == "cat":
+      if anchor_texts is None or len(anchor_texts) != len(answers):
+        raise ValueError("cat needs one anchor synthesis per group (anchor_texts).")
+      refs = [self.task.extract(t) for t in anchor_texts]
+      info["cat_references"] = refs
+      info["cat_skipped_groups"] = sum(r is None for r in refs)
+      return np.stack([cat_reward(a, ref, same=self.task.same) for a, ref in zip(answers, refs)])
     if name == "ttrl":
       return np.stack([label_free.ttrl_reward(a, same=self.task.same) for a in answers])
     if name == "dare":
@@ -190,3 +203,37 @@ def ttrl(answers_BxN: Sequence[Sequence[Optional[str]]], *, same=None) -> np.nda
   [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]
   """
   return label_free.apply_per_prompt(label_free.ttrl_reward, answers_BxN, same=same)
+
+
+def cat_reward(answers_N: Sequence[Optional[str]], reference: Optional[str], *, same=None) -> np.ndarray:
+  """CaT (Compute as Teacher, arXiv 2509.14234): 1 where a sample's answer agrees with the anchor's synthesis.
+
+  The frozen anchor reads the group's rollouts and writes one reference; on verifiable tasks
+  the reward is programmatic agreement with the reference's answer (`same`, the task's
+  equivalence). A synthesis without a parsable answer gives the whole group 0.
+
+  >>> cat_reward(["4", "5", None, "4"], "4").tolist()
+  [1.0, 0.0, 0.0, 1.0]
+  >>> cat_reward(["4", "5"], None).tolist()
+  [0.0, 0.0]
+  """
+  same = same or (lambda a, b: a == b)
+  return np.asarray([float(reference is not None and a is not None and same(a, reference)) for a in answers_N],
+                    np.float32)
+
+
+def cat_prompt(prompt_text: str, answers: Sequence[Optional[str]], max_candidates: int = 8) -> str:
+  """The anchor's synthesis prompt: the group's distinct answers, then the original question.
+
+  The anchor is shown the rollouts' answers (in first-seen order, at most `max_candidates`)
+  and asked to write the answer the question needs, which may differ from all of them.
+
+  >>> cat_prompt("What is 2+2? ", ["4", None, "5", "4"])
+  'Candidate answers: 4; 5. Reconcile them and answer.\nWhat is 2+2? '
+  """
+  seen: list[str] = []
+  for a in answers:
+    if a is not None and a not in seen and len(seen) < max_candidates:
+      seen.append(a)
+  listed = "; ".join(seen) if seen else "none"
+  return f"Candidate answers: {listed}. Reconcile them and answer.\n{prompt_text}"

@@ -400,6 +400,12 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ValueError(f"rollout.external_samples does not combine with {key}; turn one of them off.")
   elif cfg.rl.advantage == "erils":
     raise ValueError("rl.advantage='erils' needs rollout.external_samples > 0 (external rollouts to normalize apart).")
+  if "cat" in [t for t, _ in rewards.parse_reward_spec(cfg.reward.name)]:
+    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
+                    ("rollout.external_samples", bool(ro.external_samples)),
+                    ("reward.ref_samples", bool(cfg.reward.ref_samples))):
+      if on:
+        raise ValueError(f"reward term 'cat' does not combine with {key}; turn one of them off.")
   _one_of(ro.distill, ("", "opd", "esr", "adwin"), "rollout.distill")
   if ro.distill:
     if not ro.teacher_sft_steps > 0:

@@ -212,7 +212,9 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
     cfg, params, tokenizer = load_policy(exp, train_examples, log_fn=sft_logger.log)
   placement = Placement(exp.mesh, cfg)
   params = placement.params(params)
-  ref_params = params if exp.rl.kl_coef > 0 or exp.reward.ref_samples > 0 else None
+  # The initial policy, for the KL penalty, PVPO's reference rollouts and CaT's anchor.
+  anchor = any(t == "cat" for t, _ in rewards.parse_reward_spec(exp.reward.name))
+  ref_params = params if exp.rl.kl_coef > 0 or exp.reward.ref_samples > 0 or anchor else None
   pipeline = build_pipeline(exp, cfg, tokenizer, train_examples)
   evaluate_fn = evaluator(exp, cfg, tokenizer)
   eval_key = jax.random.key(exp.seed + 1)

@@ -195,7 +195,8 @@ class RolloutPipeline:
     refill = 0
     ref_state = state.ref
     partial_state = state.partial
-    aux = {"arrol": state.arrol, "drafts": state.drafts, "window": state.window}   # threaded through _generate
+    aux = {"arrol": state.arrol, "drafts": state.drafts, "window": state.window,   # threaded through _generate
+           "anchor": ref_params}
     while self.partial is not None:  # APRIL: one over-provisioned, early-stopped generation
       part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, step, key, stats)
       plan = control.Plan(indices=part.prompt_index, budget=part.sample_mask.sum(1).astype(np.int32))
@@ -394,7 +395,7 @@ class RolloutPipeline:
         vids, vmask = self.prompter(views)
         vout = self._sample(params, vids, vmask, jax.random.fold_in(key, 2), self.sampling_config)
         second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=step)
-      r, info = self._score(batch, examples, stats, second_view=second)
+      r, info = self._score(batch, examples, stats, second_view=second, anchor_params=aux.get("anchor"))
       batch = batch.replace(rewards=r)
       if self.distill:
         batch = batch.replace(token_advantages=self._teacher_advantages(batch, stats))
@@ -560,17 +561,35 @@ class RolloutPipeline:
         "entropy")}
     return batch.replace(source_ids=src, **fields)
 
-  def _score(self, batch: RolloutBatch, examples, stats: "_Stats", second_view: RolloutBatch | None = None):
+  def _anchor_syntheses(self, examples, texts, anchor_params) -> list[str]:
+    """CaT: the frozen anchor reads each group's answers and writes one reference (greedy)."""
+    if anchor_params is None:
+      raise ValueError("reward term 'cat' needs the anchor policy (the run's initial policy).")
+    from rollouts_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+    tok = self.prompter.tokenizer
+    prompts = [rewards.cat_prompt(self.task.prompt(ex, tok, self.prompter.template,
+                                                   instruction=self.prompter.instruction),
+                                  [self.task.extract(t) for t in row]) for ex, row in zip(examples, texts)]
+    ids, mask = data_lib.pad_left([tok.encode(p) for p in prompts], self.prompter.buckets, pad_id=tok.pad_id)
+    conf = self.sampling_config.replace(num_samples=1, greedy=True)
+    out = self._sample(anchor_params, np.asarray(ids, np.int32), np.asarray(mask, bool), jax.random.key(0), conf)
+    return [row[0] for row in decode_completions(tok, np.asarray(out.completion_ids), np.asarray(out.completion_mask))]
+
+  def _score(self, batch: RolloutBatch, examples, stats: "_Stats", second_view: RolloutBatch | None = None,
+             anchor_params=None):
     """FILTER: rewards [B, N] of a batch (references read only when the reward needs labels)."""
     t0 = time.perf_counter()
     texts = decode_completions(self.prompter.tokenizer, np.asarray(batch.completion_ids),
                                np.asarray(batch.completion_mask))
+    anchor = self._anchor_syntheses(examples, texts, anchor_params) if self.scorer.needs_anchor else None
     refs = [self.task.reference(ex) for ex in examples] if self.scorer.needs_labels else None
     second = None
     if second_view is not None:
       second = decode_completions(self.prompter.tokenizer, np.asarray(second_view.completion_ids),
                                   np.asarray(second_view.completion_mask))
-    r, info = self.scorer(texts, refs, entropy_BxN=_mean_entropy(batch), second_view=second)
+    r, info = self.scorer(texts, refs, entropy_BxN=_mean_entropy(batch), second_view=second, anchor_texts=anchor)
+    if anchor is not None:
+      stats.add("cat/skipped_groups", float(info["cat_skipped_groups"]))
     if self.overlong_buffer:
       r = r + np.asarray(losses.overlong_penalty(np.asarray(batch.lengths), max_len=self.sampling_config.max_new_tokens,
                                                  cache_len=self.overlong_buffer))

@@ -303,3 +303,42 @@ def test_selector_updates_see_every_generated_group(monkeypatch):
   p, params = _pipeline(_exp(control={"dynamic_sampling": True, "max_refills": 1}))
   p.collect(p.init_state(), params, 0, jax.random.key(0))
   assert len(seen) in (1, 2) and all(s[1] == (4, 4) and s[2] == ["entropy_BxN", "lengths_BxN"] for s in seen)
+
+
+def test_cat_rewards_agree_with_the_anchors_synthesis(monkeypatch):
+  exp = _exp(reward={"name": "cat"})
+  p, params = _pipeline(exp)
+  seen = {}
+
+  real_anchor = pipeline_lib.RolloutPipeline._anchor_syntheses
+
+  def fake_anchor(self, examples, texts, anchor_params):
+    if anchor_params is None:
+      return real_anchor(self, examples, texts, anchor_params)
+    assert anchor_params is params
+    seen["texts"] = texts
+    # The anchor "writes" the first sample's text for group 0 and nothing parsable elsewhere.
+    return [texts[0][0] if b == 0 else "no answer here" for b in range(len(texts))]
+
+  monkeypatch.setattr(pipeline_lib.RolloutPipeline, "_anchor_syntheses", fake_anchor)
+  monkeypatch.setattr(tasks.Arithmetic, "reference", lambda self, ex: pytest.fail("CaT read a reference"))
+  batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0), ref_params=params)
+  task = tasks.get("arithmetic")
+  answers = [[task.extract(t) for t in row] for row in seen["texts"]]
+  ref = answers[0][0]
+  expected0 = [float(ref is not None and a is not None and task.same(a, ref)) for a in answers[0]]
+  np.testing.assert_array_equal(np.asarray(batch.rewards)[0], expected0)
+  np.testing.assert_array_equal(np.asarray(batch.rewards)[1:], 0.0)
+  assert info["cat/skipped_groups"] == 3 + (ref is None)
+  with pytest.raises(ValueError, match="anchor policy"):
+    p.collect(p.init_state(), params, 0, jax.random.key(0))   # no anchor given
+
+
+def test_cat_anchor_prompt_lists_the_groups_answers():
+  exp = _exp(reward={"name": "cat"})
+  p, params = _pipeline(exp)
+  texts = [["<answer>12</answer>", "<answer>13</answer>", "<answer>12</answer>", "junk"]]
+  out = p._anchor_syntheses([EXAMPLES[0]], texts, params)
+  assert len(out) == 1 and isinstance(out[0], str)
+  prompt = rewards.cat_prompt(tasks.get("arithmetic").prompt(EXAMPLES[0], TOK), ["12", "13", "12", None])
+  assert prompt.startswith("Candidate answers: 12; 13.") and prompt.endswith(tasks.get("arithmetic").prompt(EXAMPLES[0], TOK))

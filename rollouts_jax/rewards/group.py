@@ -228,8 +228,8 @@ def cat_prompt(prompt_text: str, answers: Sequence[Optional[str]], max_candidate
   The anchor is shown the rollouts' answers (in first-seen order, at most `max_candidates`)
   and asked to write the answer the question needs, which may differ from all of them.
 
-  >>> cat_prompt("What is 2+2? ", ["4", None, "5", "4"])
-  'Candidate answers: 4; 5. Reconcile them and answer.\nWhat is 2+2? '
+  >>> cat_prompt("What is 2+2? ", ["4", None, "5", "4"]).splitlines()
+  ['Candidate answers: 4; 5. Reconcile them and answer.', 'What is 2+2? ']
   """
   seen: list[str] = []
   for a in answers:

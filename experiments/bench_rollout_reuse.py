@@ -1,4 +1,4 @@
-r"""Rollout reuse against plain sampling, measured in the same run: SPEC-RL and EfficientRollout.
+r"""Rollout reuse against plain sampling, measured in the same run: SPEC-RL, EfficientRollout, APRIL.
 
 One small random Llama (vocab 2048, hidden 256, MLP 1024, 4 layers, 8 query / 4 key-value
 heads; no download), its layer weights scaled up so that next-token distributions are peaked
@@ -21,6 +21,10 @@ compiling call) and reports medians:
   plain decoding step, the costs of the gamma rule (`choose_gamma`), and reports the row
   counts where speculation pays (ratio > 1): the switch (`max_spec_rows`) belongs at the
   largest of them, and off everywhere when there is none.
+
+* `section_april`: APRIL partial rollouts against synchronous rollouts at an equal number of
+  finished groups, through the real pipeline of `--april_config` (its warm start), via
+  `bench_april.run`: rollout time per step, its ratio, the padding fraction, the accounting.
 
 Contention: the script refuses to start when the 1-minute load average is above
 `--max_load`, and marks a timing BUSY when other processes used more than
@@ -46,7 +50,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_sampler import timed  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("sections", "spec_rl,efficient_rollout", "Comma-separated sections to run.")
+flags.DEFINE_string("sections", "spec_rl,efficient_rollout,april", "Comma-separated sections to run.")
+flags.DEFINE_string("april_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
+                                                 "default.py"), "APRIL section: the config whose pipeline runs.")
 flags.DEFINE_float("perturbation", 0.002, "SPEC-RL: epoch 2 weights = epoch 1 weights * (1 + eps * N(0, 1)).")
 flags.DEFINE_integer("gamma_max", 4, "EfficientRollout: most draft tokens per round.")
 flags.DEFINE_string("rows", "4,16,64", "EfficientRollout: row counts (prompts x 4 samples) to measure.")
@@ -239,6 +245,25 @@ def section_efficient_rollout(cfg, params, repeats):
 
 
 SECTIONS = {"spec_rl": section_spec_rl, "efficient_rollout": section_efficient_rollout}
+
+
+def section_april(cfg, params, repeats):
+  """APRIL partial rollouts vs synchronous rollouts through the real pipeline (`bench_april.run`).
+
+  Uses the `--april_config` config's own policy (its warm start), not the random model: the
+  early stop needs real length spread. Both sides deliver B finished groups per step.
+  """
+  del cfg, params
+  import bench_april  # pylint: disable=g-import-not-at-top
+  out = bench_april.run(FLAGS.april_config, steps=max(2, 2 * repeats), warmup=2)
+  s, a = out["sync"], out["april"]
+  print(f"[april] rollout time/step sync {s['sample']:.2f}s april {a['sample']:.2f}s "
+        f"ratio {out['rollout_time_ratio_sync_over_april']:.2f}x; padding {s['padding']:.3f} vs {a['padding']:.3f}; "
+        f"accounting {out['april_accounting']}")
+  return out
+
+
+SECTIONS["april"] = section_april
 
 
 def main(_):

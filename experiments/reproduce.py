@@ -442,8 +442,11 @@ def write_outputs(study: Study, results: Sequence[dict], out_dir: pathlib.Path, 
       digits = 0 if column in ("rollouts", "wall s") else (2 if column.endswith("s/step") else 3)
       cells.append(_cell(row[column], digits))
     lines.append(f"| {arm} | " + " | ".join(cells) + f" | {len(row['seeds'])} |")
+  reused = [f"{r['arm']}/seed{r['seed']} = {r['reused_from']}" for r in doc["runs"] if r.get("reused_from")]
+  if reused:
+    lines += ["", "Runs taken from another study's run with the same config and seed: " + "; ".join(reused) + "."]
   if missing:
-    lines += ["", "Not run (stopped before the deadline or failed): " + ", ".join(missing) + "."]
+    lines += ["", "Not run (not started before the deadline, or failed): " + ", ".join(missing) + "."]
   (stem.with_suffix(".md")).write_text("\n".join(lines) + "\n")
   if plot and table:
     _plot(study, table, stem.with_suffix(".png"))

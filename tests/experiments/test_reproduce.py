@@ -147,8 +147,9 @@ def _check_smoke_tables(res, docs, arms_of):
     assert md.count("\n| ") == len(arms_of(study)) + 1    # header + one row per arm
 
 
+@pytest.mark.slow
 def test_smoke_form_of_every_study_runs_and_writes_a_table(tmp_path, monkeypatch):
-  """Every study's smoke form (its headline pair of arms, one RL step of a tiny model)."""
+  """Every study's smoke form (its headline pair of arms, one RL step of a tiny model); about 2 minutes."""
   monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
   arms = [a for s in rp.STUDIES.values() for a in s.headline_arms]
   docs = rp.run_studies(list(rp.STUDIES), seeds=3, smoke=True, arms=arms, runs_dir=tmp_path / "runs",

@@ -160,8 +160,8 @@ def dequantize_params(params: Params, dtype: Any = None) -> Params:
   Stacked tensors dequantize layer by layer. Useful as the numerical reference of a
   quantized policy (same values, plain matmuls).
 
-  >>> dequantize_params(quantize_params(cfg, params))["layers"]["q"].shape  # doctest: +SKIP
-  (2, 32, 32)
+  dequantize_params(quantize_params(cfg, params))["layers"]["q"].shape
+  # (2, 32, 32)
   """
   def leaf(x):
     if not isinstance(x, fp4.FP4Tensor):

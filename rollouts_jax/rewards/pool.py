@@ -233,10 +233,10 @@ class GraderPool:
         startup_timeout_s: a worker not ready by then is replaced; repeated start-up failures
             raise RuntimeError.
 
-    >>> with GraderPool(num_workers=2) as pool:  # doctest: +SKIP
-    ...     rewards, stats = pool.score("gsm8k", ["#### 3", "#### 4"], ["3", "3"], timeout_s=5)
-    >>> rewards, stats["timeouts"]  # doctest: +SKIP
-    (array([1., 0.], dtype=float32), 0)
+    with GraderPool(num_workers=2) as pool:
+        rewards, stats = pool.score("gsm8k", ["#### 3", "#### 4"], ["3", "3"], timeout_s=5)
+    rewards, stats["timeouts"]
+    # (array([1., 0.], dtype=float32), 0)
     """
 
     def __init__(self, num_workers: Optional[int] = None, *,

@@ -259,8 +259,8 @@ def deeplook_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, k
     `(SampleOutput [B, N, T], DeepLookInfo)`. With `look.k == 1` (or a trigger that never
     fires) the samples equal `sampling.sample`'s with the same key.
 
-  >>> out, info = deeplook_sample(cfg, params, ids, mask, jax.random.key(0),
-  ...                             SamplingConfig(num_samples=8, max_new_tokens=32, eos_id=2))  # doctest: +SKIP
+  out, info = deeplook_sample(cfg, params, ids, mask, jax.random.key(0),
+                              SamplingConfig(num_samples=8, max_new_tokens=32, eos_id=2))
   """
   if not isinstance(config, _s.SamplingConfig) or not isinstance(look, DeepLookConfig):
     raise TypeError("config must be a SamplingConfig and look a DeepLookConfig.")

@@ -572,10 +572,10 @@ def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask:
       model's positions; token ids outside the vocabulary; an all-padding row; right
       padding; bad shapes or settings.
 
-  >>> out = sample(cfg, params, ids, mask, jax.random.key(0),
-  ...              SamplingConfig(num_samples=8, max_new_tokens=32, eos_id=2))  # doctest: +SKIP
-  >>> out.completion_ids.shape  # doctest: +SKIP
-  (B, 8, 32)
+  out = sample(cfg, params, ids, mask, jax.random.key(0),
+               SamplingConfig(num_samples=8, max_new_tokens=32, eos_id=2))
+  out.completion_ids.shape
+  # (B, 8, 32)
   """
   if not isinstance(config, SamplingConfig):
     raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}.")

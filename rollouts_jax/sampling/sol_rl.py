@@ -45,9 +45,9 @@ from rollouts_jax.control.subset import MODES, select_subset  # noqa: F401  (mov
 def gather_samples(sample_output: SampleOutput, indices_BxK: Any) -> SampleOutput:
   """The samples `indices [B, k]` of each prompt: `[B, M, T]` fields become `[B, k, T]`.
 
-  >>> sub = gather_samples(out, np.array([[0, 3], [1, 2]]))  # doctest: +SKIP
-  >>> sub.completion_ids.shape  # doctest: +SKIP
-  (2, 2, T)
+  sub = gather_samples(out, np.array([[0, 3], [1, 2]]))
+  sub.completion_ids.shape
+  # (2, 2, T)
   """
   idx = jnp.asarray(indices_BxK, jnp.int32)
   B, M = sample_output.lengths.shape
@@ -123,7 +123,7 @@ def recompute_logprobs(cfg: ModelConfig, params: Params, prompt_ids: Any, prompt
   Returns:
     (the rescored SampleOutput, {"out_of_support_frac": ...}).
 
-  >>> full, stats = recompute_logprobs(cfg, params, ids, mask, out, config)  # doctest: +SKIP
+  full, stats = recompute_logprobs(cfg, params, ids, mask, out, config)
   """
   B, K, T = samples.completion_ids.shape
   if prompt_ids.shape[0] != B or prompt_mask.shape != prompt_ids.shape:

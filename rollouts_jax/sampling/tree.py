@@ -455,11 +455,11 @@ def tree_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, key: 
     With `TreeConfig(init_rows=M)` (nothing to fork into) it equals `sampling.sample` with
     the same key.
 
-  >>> out, info = tree_sample(cfg, params, ids, mask, jax.random.key(0),
-  ...                         SamplingConfig(num_samples=8, max_new_tokens=32, eos_id=2),
-  ...                         TreeConfig(entropy_min=1.0))  # doctest: +SKIP
-  >>> int(info.generated_tokens.sum()) <= int(out.lengths.sum())  # doctest: +SKIP
-  True
+  out, info = tree_sample(cfg, params, ids, mask, jax.random.key(0),
+                          SamplingConfig(num_samples=8, max_new_tokens=32, eos_id=2),
+                          TreeConfig(entropy_min=1.0))
+  int(info.generated_tokens.sum()) <= int(out.lengths.sum())
+  # True
   """
   if not isinstance(config, _s.SamplingConfig):
     raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}.")

@@ -16,11 +16,11 @@ One rules table maps logical names to mesh axes; three presets cover the usual c
 
 Typical use (see docs/sharding.md for multi-host launches):
 
->>> mesh = make_mesh((2, 2, 2))                                   # doctest: +SKIP
->>> rules = get_rules("fsdp_tp")                                  # doctest: +SKIP
->>> params = sharded_init(cfg, jax.random.key(0), mesh, rules)    # doctest: +SKIP
->>> tokens = shard_batch(np_tokens, mesh)                         # doctest: +SKIP
->>> logits = models.forward(cfg, params, tokens)  # doctest: +SKIP
+mesh = make_mesh((2, 2, 2))
+rules = get_rules("fsdp_tp")
+params = sharded_init(cfg, jax.random.key(0), mesh, rules)
+tokens = shard_batch(np_tokens, mesh)
+logits = models.forward(cfg, params, tokens)
 
 Since `models.forward` and the sampler are `jax.jit` functions, sharded inputs are
 all XLA needs to partition them. Inside `use_rules(mesh, rules)` the sampler also

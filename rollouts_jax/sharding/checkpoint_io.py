@@ -16,7 +16,7 @@ def abstract_tree(tree: Any, shardings: Any = None) -> Any:
   Returns:
     A pytree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`.
 
-  >>> target = abstract_tree(jax.eval_shape(make_state), state_shardings)  # doctest: +SKIP
+  target = abstract_tree(jax.eval_shape(make_state), state_shardings)
   """
   if shardings is None:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
@@ -34,7 +34,7 @@ def save_sharded(path, tree: Any, *, force: bool = False) -> None:
     tree: the pytree (params, optimizer state, a whole train state).
     force: overwrite an existing checkpoint.
 
-  >>> save_sharded("ckpt/step_100", state)  # doctest: +SKIP
+  save_sharded("ckpt/step_100", state)
   """
   from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
   checkpoint.save_params(path, tree, force=force)
@@ -55,7 +55,7 @@ def restore_sharded(path, target: Any) -> Any:
   Returns:
     The restored pytree, sharded as `target`.
 
-  >>> params = restore_sharded("ckpt/step_100", abstract_params(cfg, mesh, rules))  # doctest: +SKIP
+  params = restore_sharded("ckpt/step_100", abstract_params(cfg, mesh, rules))
   """
   from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
 

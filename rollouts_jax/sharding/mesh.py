@@ -55,8 +55,8 @@ def make_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str] = AXIS_NAMES,
     ValueError: the shape does not match the device count (both are named), a bad
       entry, or a length different from `axis_names`.
 
-  >>> make_mesh((1, -1, 1)).shape  # doctest: +SKIP
-  OrderedDict({'data': 1, 'fsdp': 8, 'tensor': 1})
+  make_mesh((1, -1, 1)).shape
+  # OrderedDict({'data': 1, 'fsdp': 8, 'tensor': 1})
   """
   devices = list(jax.devices() if devices is None else devices)
   axis_names = tuple(axis_names)
@@ -136,8 +136,8 @@ class RolloutTrainMeshes:
   With separate meshes the trainer updates params on `train_mesh` and `handoff`s them
   to `rollout_mesh` before each generation (a `jax.device_put` reshard).
 
-  >>> roles = RolloutTrainMeshes.create(MeshConfig((1, 4, 1), "fsdp", (2, 1, 2), "fsdp_tp"))  # doctest: +SKIP
-  >>> rollout_params = roles.to_rollout(cfg, train_params)                                   # doctest: +SKIP
+  roles = RolloutTrainMeshes.create(MeshConfig((1, 4, 1), "fsdp", (2, 1, 2), "fsdp_tp"))
+  rollout_params = roles.to_rollout(cfg, train_params)
   """
   train_mesh: Mesh
   rollout_mesh: Mesh

@@ -76,9 +76,9 @@ def param_shardings(cfg, mesh: Mesh, rules: Rules) -> Any:
     ValueError: a parameter dimension not divisible by its mesh axes; the message
       names the parameter, the dimension, its logical name, the mesh axis and both sizes.
 
-  >>> shardings = param_shardings(cfg, make_mesh((2, 2, 2)), get_rules("fsdp_tp"))  # doctest: +SKIP
-  >>> shardings["layers"]["gate"].spec  # doctest: +SKIP
-  PartitionSpec(None, 'fsdp', 'tensor')
+  shardings = param_shardings(cfg, make_mesh((2, 2, 2)), get_rules("fsdp_tp"))
+  shardings["layers"]["gate"].spec
+  # PartitionSpec(None, 'fsdp', 'tensor')
   """
   from rollouts_jax.models import transformer  # pylint: disable=g-import-not-at-top
   is_tuple = lambda x: isinstance(x, tuple)
@@ -116,7 +116,7 @@ def shard_params(params: Any, shardings: Any) -> Any:
   The result never shares buffers with `params`, so donating it (see
   `jit_sharded_step`) leaves `params` intact.
 
-  >>> params = shard_params(models.init_params(cfg, key), param_shardings(cfg, mesh, rules))  # doctest: +SKIP
+  params = shard_params(models.init_params(cfg, key), param_shardings(cfg, mesh, rules))
   """
   _check_tree_divisible(params, shardings)
   out = jax.device_put(params, shardings, may_alias=False)
@@ -143,7 +143,7 @@ def abstract_params(cfg, mesh: Mesh, rules: Rules, dtype=jnp.float32) -> Any:
 
   The target for `restore_sharded`, and the spec of what `sharded_init` builds.
 
-  >>> abstract_params(cfg, mesh, rules)["embed"].sharding  # doctest: +SKIP
+  abstract_params(cfg, mesh, rules)["embed"].sharding
   """
   from rollouts_jax.models import transformer  # pylint: disable=g-import-not-at-top
   shardings = param_shardings(cfg, mesh, rules)
@@ -168,7 +168,7 @@ def sharded_init(cfg, key: jax.Array, mesh: Mesh, rules: Rules, dtype=jnp.float3
   Returns:
     The params pytree, sharded as `param_shardings(cfg, mesh, rules)`.
 
-  >>> params = sharded_init(cfg, jax.random.key(0), make_mesh((1, 8, 1)), get_rules("fsdp"))  # doctest: +SKIP
+  params = sharded_init(cfg, jax.random.key(0), make_mesh((1, 8, 1)), get_rules("fsdp"))
   """
   from rollouts_jax.models import transformer  # pylint: disable=g-import-not-at-top
   shardings = jax.tree.map(lambda a: a.sharding, abstract_params(cfg, mesh, rules, dtype))
@@ -207,8 +207,8 @@ def tree_shardings_like(tree: Any, params_shardings: Any, params: Any = None) ->
   Returns:
     A pytree of shardings with the structure of `tree`.
 
-  >>> state_shapes = jax.eval_shape(optax.adamw(1e-3).init, params)             # doctest: +SKIP
-  >>> state_shardings = tree_shardings_like(state_shapes, shardings, params)     # doctest: +SKIP
+  state_shapes = jax.eval_shape(optax.adamw(1e-3).init, params)
+  state_shardings = tree_shardings_like(state_shapes, shardings, params)
   """
   mesh = _mesh_of(params_shardings)
   replicated = NamedSharding(mesh, PartitionSpec())
@@ -251,7 +251,7 @@ def init_sharded_opt_state(optimizer, params: Any, params_shardings: Any) -> Any
   Returns:
     The optimizer state, sharded as `tree_shardings_like(...)` says.
 
-  >>> opt_state = init_sharded_opt_state(optax.adamw(1e-3), params, shardings)  # doctest: +SKIP
+  opt_state = init_sharded_opt_state(optax.adamw(1e-3), params, shardings)
   """
   return init_sharded_state(optimizer.init, params, params_shardings)[0]
 
@@ -307,8 +307,8 @@ def jit_sharded_step(step_fn: Callable, state_shardings: Any, batch_sharding: An
   Returns:
     The jitted step.
 
-  >>> step = jit_sharded_step(train_step, state_shardings, data_sharding(mesh))  # doctest: +SKIP
-  >>> state, metrics = step(state, batch)                                          # doctest: +SKIP
+  step = jit_sharded_step(train_step, state_shardings, data_sharding(mesh))
+  state, metrics = step(state, batch)
   """
   if out_shardings is None:
     out_shardings = (state_shardings, NamedSharding(_mesh_of(state_shardings), PartitionSpec()))
@@ -322,8 +322,8 @@ def jit_sharded_step(step_fn: Callable, state_shardings: Any, batch_sharding: An
 def data_sharding(mesh: Mesh, batch_axes: Sequence[str] = BATCH_AXES) -> NamedSharding:
   """Leading (batch) dimension split over the data axes, the rest replicated.
 
-  >>> data_sharding(make_mesh((2, 2, 2))).spec  # doctest: +SKIP
-  PartitionSpec(('data', 'fsdp'),)
+  data_sharding(make_mesh((2, 2, 2))).spec
+  # PartitionSpec(('data', 'fsdp'),)
   """
   axes = tuple(a for a in batch_axes if a in mesh.shape)
   return NamedSharding(mesh, PartitionSpec(_entry(axes)))
@@ -359,7 +359,7 @@ def shard_batch(batch: Any, mesh: Mesh, batch_axes: Sequence[str] = BATCH_AXES) 
   Raises:
     ValueError: a global batch size not divisible by the data axes' size.
 
-  >>> tokens = shard_batch(np.zeros((8, 16), np.int32), make_mesh((2, 4, 1)))  # doctest: +SKIP
+  tokens = shard_batch(np.zeros((8, 16), np.int32), make_mesh((2, 4, 1)))
   """
   sharding = data_sharding(mesh, batch_axes)
   size = _axis_size(mesh, sharding.spec[0]) if len(sharding.spec) else 1
@@ -400,8 +400,8 @@ def use_rules(mesh: Mesh, rules: Rules) -> Iterator[ShardingContext]:
 
   Outside such a block `constrain` is the identity, so single-device code pays nothing.
 
-  >>> with use_rules(mesh, get_rules("fsdp_tp")):                   # doctest: +SKIP
-  ...   out = sampling.sample(cfg, params, ids, mask, key, config)
+  with use_rules(mesh, get_rules("fsdp_tp")):
+    out = sampling.sample(cfg, params, ids, mask, key, config)
   """
   token = _ACTIVE.set(ShardingContext(mesh, tuple(rules)))
   try:
@@ -481,7 +481,7 @@ def handoff(params: Any, target_shardings: Any, dtype=None, donate: bool = False
   Returns:
     The params on `target_shardings`.
 
-  >>> rollout_params = handoff(train_params, param_shardings(cfg, rollout_mesh, rules))  # doctest: +SKIP
+  rollout_params = handoff(train_params, param_shardings(cfg, rollout_mesh, rules))
   """
   _check_tree_divisible(params, target_shardings)
   if dtype is not None:

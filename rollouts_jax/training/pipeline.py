@@ -681,8 +681,8 @@ def _padding_frac(new_tokens_R: np.ndarray) -> float:
 
   The loop runs as many steps as its longest row; a row that ended earlier pads the rest.
 
-  >>> _padding_frac(np.array([4, 2, 2]))
-  0.3333333333333333
+  >>> round(_padding_frac(np.array([4, 2, 2])), 4)
+  0.3333
   """
   steps = int(new_tokens_R.max(initial=0))
   return 1.0 - float(new_tokens_R.sum()) / (new_tokens_R.size * steps) if steps else 0.0

@@ -11,3 +11,20 @@ jax.config.update("jax_default_matmul_precision", "highest")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # $ROLLOUTS_JAX_BENCHMARKS, else the files shipped in the package (rollouts_jax.data.benchmarks.PACKAGED_DIR).
 BENCHMARKS = pathlib.Path(os.environ.get("ROLLOUTS_JAX_BENCHMARKS") or REPO / "rollouts_jax" / "data" / "benchmark_files")
+
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops JAX's compiled programs after each test module.
+
+  The default suite compiles thousands of programs in one process; kept alive, they made
+  XLA:CPU crash (segfault or abort inside a later compilation) late in a full run.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()

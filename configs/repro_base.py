@@ -10,11 +10,45 @@ main job, the held-out accuracy first dips (about 30 steps) and then recovers.
 
 `reproduce.py` runs every seed from one warm start (seed 0's, passed as a local checkpoint
 with `model.init=hf`), so seeds differ only in the RL run.
+
+The study configs (`configs/repro_STUDY.py:ARM[,smoke]`) read their argument with `parse_arm`;
+they load this file with `runpy.run_path`, as `configs/` is not a package.
 """
 
 import os
 
 from rollouts_jax.training.config import apply_smoke, load_config_file, parse_config_arg
+
+
+def parse_arm(arg, arms):
+  """The arm and the smoke flag of a study config's argument (`"g2_median,smoke"`).
+
+  Args:
+    arg: comma-separated words: at most one arm name and optionally "smoke"; None or empty
+      (or "smoke" alone) means the first arm.
+    arms: the study's arm names (an ordered mapping or sequence; the first is the default).
+
+  Returns:
+    (arm name, smoke: bool).
+
+  Raises:
+    ValueError: an unknown word, or more than one arm.
+
+  >>> parse_arm("b,smoke", ("a", "b"))
+  ('b', True)
+  >>> parse_arm(None, ("a", "b"))
+  ('a', False)
+  >>> parse_arm("a,b", ("a", "b"))
+  Traceback (most recent call last):
+  ...
+  ValueError: Name one arm; arms: a, b.
+  """
+  names = tuple(arms)
+  words = parse_config_arg(arg or names[0], allowed=names + ("smoke",))
+  chosen = [w for w in words if w != "smoke"] or [names[0]]
+  if len(chosen) != 1:
+    raise ValueError(f"Name one arm; arms: {', '.join(names)}.")
+  return chosen[0], "smoke" in words
 
 
 def get_config(arg=None):

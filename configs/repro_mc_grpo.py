@@ -12,8 +12,11 @@ sample left out of the loss), on the miniature of `configs/repro_base.py`:
 """
 
 import os
+import runpy
 
-from rollouts_jax.training.config import apply_smoke, load_config_file, parse_config_arg
+from rollouts_jax.training.config import apply_smoke
+
+_BASE = runpy.run_path(os.path.join(os.path.dirname(__file__), "repro_base.py"))
 
 
 def _arm(advantage, num_samples):
@@ -28,13 +31,9 @@ ARMS = {"g2_mean": _arm("grpo", 2), "g2_median": _arm("mc_grpo", 3),
 
 
 def get_config(arg=None):
-  words = parse_config_arg(arg or next(iter(ARMS)), allowed=tuple(ARMS) + ("smoke",))
-  arms = [w for w in words if w != "smoke"] or [next(iter(ARMS))]
-  if len(arms) != 1:
-    raise ValueError(f"Name one arm; arms: {', '.join(ARMS)}.")
-  smoke = "smoke" in words
-  config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
-  ARMS[arms[0]](config)
+  arm, smoke = _BASE["parse_arm"](arg, ARMS)
+  config = _BASE["get_config"]("smoke" if smoke else None)
+  ARMS[arm](config)
   if smoke:
     apply_smoke(config)
   return config

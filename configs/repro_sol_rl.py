@@ -11,8 +11,11 @@ Arms, on the miniature of `configs/repro_base.py` (8 completions a prompt traine
 """
 
 import os
+import runpy
 
-from rollouts_jax.training.config import apply_smoke, load_config_file, parse_config_arg
+from rollouts_jax.training.config import apply_smoke
+
+_BASE = runpy.run_path(os.path.join(os.path.dirname(__file__), "repro_base.py"))
 
 
 def _arm(fp4, pool):
@@ -28,13 +31,9 @@ ARMS = {"full": _arm("", 0), "fp4_subset": _arm("nvfp4", 16), "fp4_naive": _arm(
 
 
 def get_config(arg=None):
-  words = parse_config_arg(arg or next(iter(ARMS)), allowed=tuple(ARMS) + ("smoke",))
-  arms = [w for w in words if w != "smoke"] or [next(iter(ARMS))]
-  if len(arms) != 1:
-    raise ValueError(f"Name one arm; arms: {', '.join(ARMS)}.")
-  smoke = "smoke" in words
-  config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
-  ARMS[arms[0]](config)
+  arm, smoke = _BASE["parse_arm"](arg, ARMS)
+  config = _BASE["get_config"]("smoke" if smoke else None)
+  ARMS[arm](config)
   if smoke:
     apply_smoke(config)
     if config.rollout.fp4_pool_size:

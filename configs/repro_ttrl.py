@@ -11,8 +11,11 @@ The held-out evaluation of both arms grades against the test split's answers.
 """
 
 import os
+import runpy
 
-from rollouts_jax.training.config import apply_smoke, load_config_file, parse_config_arg
+from rollouts_jax.training.config import apply_smoke
+
+_BASE = runpy.run_path(os.path.join(os.path.dirname(__file__), "repro_base.py"))
 
 
 def _arm(reward):
@@ -26,13 +29,9 @@ ARMS = {"ground_truth": _arm("task"), "ttrl": _arm("ttrl")}
 
 
 def get_config(arg=None):
-  words = parse_config_arg(arg or next(iter(ARMS)), allowed=tuple(ARMS) + ("smoke",))
-  arms = [w for w in words if w != "smoke"] or [next(iter(ARMS))]
-  if len(arms) != 1:
-    raise ValueError(f"Name one arm; arms: {', '.join(ARMS)}.")
-  smoke = "smoke" in words
-  config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
-  ARMS[arms[0]](config)
+  arm, smoke = _BASE["parse_arm"](arg, ARMS)
+  config = _BASE["get_config"]("smoke" if smoke else None)
+  ARMS[arm](config)
   if smoke:
     apply_smoke(config)
   return config

@@ -12,8 +12,11 @@ held-out pass@1 and pass@16 on 100 test prompts (16 samples each):
 """
 
 import os
+import runpy
 
-from rollouts_jax.training.config import apply_smoke, load_config_file, parse_config_arg
+from rollouts_jax.training.config import apply_smoke, load_config_file
+
+_BASE = runpy.run_path(os.path.join(os.path.dirname(__file__), "repro_base.py"))
 
 
 def _grpo(config):
@@ -30,11 +33,7 @@ ARMS = {"grpo": _grpo, "uniqueness": _uniqueness}
 
 
 def get_config(arg=None):
-  words = parse_config_arg(arg or next(iter(ARMS)), allowed=tuple(ARMS) + ("smoke",))
-  arms = [w for w in words if w != "smoke"] or [next(iter(ARMS))]
-  if len(arms) != 1:
-    raise ValueError(f"Name one arm; arms: {', '.join(ARMS)}.")
-  smoke = "smoke" in words
+  arm, smoke = _BASE["parse_arm"](arg, ARMS)
   config = load_config_file(os.path.join(os.path.dirname(__file__), "countdown_grpo.py"), "smoke" if smoke else None)
   config.control.dynamic_sampling = False
   config.control.prompts_per_step = 8
@@ -44,7 +43,7 @@ def get_config(arg=None):
   config.eval.num_examples = 100
   config.eval.k = 16
   config.checkpoint.every = 10
-  ARMS[arms[0]](config)
+  ARMS[arm](config)
   if smoke:
     apply_smoke(config)
   return config

@@ -1,0 +1,43 @@
+r"""On-policy distillation in miniature: the arms of `experiments/distill_study.py`.
+
+The reproduction miniature (`configs/repro_base.py`: 8 prompts a step, 80 RL steps, a
+200-prompt held-out evaluation, also every 20 steps for the learning curve), with the
+student's per-token advantage log p_teacher - log p_student on its own rollouts (METHODS 9.6).
+The teacher is the same SFT recipe trained for 400 steps instead of the student's 275. Arms
+(the config argument):
+
+  opd     full rollouts (up to 40 tokens) generated, scored and trained
+  esr     ESR: only the first 12 tokens generated and trained (`distill_window`)
+  esr24   ESR with a 24-token window
+  adwin   ADWIN: a window starting at 12, re-sized every 5 steps from a full-rollout probe
+  grpo    no teacher: GRPO on the task's reward (the reward-based reference)
+
+Add `,smoke` for a tiny model and one RL step (the test suite).
+
+  python experiments/train.py --config=configs/distill_arms.py:esr --workdir=/tmp/distill_esr
+"""
+
+import os
+
+from rollouts_jax.training.config import load_config_file, parse_config_arg
+
+ARMS = ("opd", "esr", "esr24", "adwin", "grpo")
+TEACHER_SFT_STEPS = 400
+
+
+def get_config(arg=None):
+  words = parse_config_arg(arg, ARMS + ("smoke",))
+  smoke = "smoke" in words
+  arms = [w for w in words if w != "smoke"]
+  if len(arms) != 1 or arms[0] not in ARMS:
+    raise ValueError(f"distill_arms.py needs one arm of {ARMS} (and optionally 'smoke'), got {arg!r}.")
+  arm = arms[0]
+  config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
+  config.eval.every = 20 if not smoke else 0
+  if arm == "grpo":
+    return config
+  config.rollout.teacher_sft_steps = TEACHER_SFT_STEPS if not smoke else config.sft.steps + 5
+  config.rollout.distill = {"esr24": "esr"}.get(arm, arm)
+  window = {"esr24": 24}.get(arm, 12)
+  config.rollout.distill_window = window if not smoke else 8
+  return config

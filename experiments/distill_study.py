@@ -1,0 +1,553 @@
+r"""On-policy distillation in miniature: does the student approach the teacher, and at what token cost?
+
+  python experiments/distill_study.py --gap --teacher_steps=400,600     # the teacher/student gap
+  python experiments/distill_study.py --seeds=3 --stop_at=13:15          # the sweep (resumable)
+  python experiments/distill_study.py --report_only                      # tables from finished runs
+
+The arms are `configs/distill_arms.py:ARM` (the reproduction miniature: 8 prompts a step, 80
+RL steps, a 200-prompt held-out evaluation at 4 samples, temperature 1): full-rollout OPD,
+ESR (only the first k tokens generated and trained), ADWIN (k re-sized from full-rollout
+probes) and, for reference, GRPO on the task reward (METHODS 9.6; GKD, Agarwal et al. 2024).
+The student is the SFT warm start (275 steps); the teacher the same recipe trained longer
+(`rollout.teacher_sft_steps`). Every seed starts from seed 0's student and distils from seed
+0's teacher (each passed as a fixed folder), so seeds differ only in the RL run.
+
+Runs go one training process at a time, seed-major (seed 0 of every arm first), each in its
+own workdir (`--runs_dir/ARM/seedS`); a run whose `result.json` exists is reused and a killed
+one resumes from its last checkpoint. Writes `experiments/results/distill.{json,md,png}`:
+per arm, held-out pass@1 before/after (sampled and greedy), the fraction of the teacher gap
+closed, generated and teacher-scored tokens, the tokens at which the held-out curve first
+reaches half the gap, wall time, and a verdict under a stated rule; the plot is held-out
+pass@1 against generated tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "experiments" / "results"
+CONFIG = "configs/distill_arms.py"
+ARMS = ("opd", "esr", "adwin", "esr24", "grpo")   # priority order within a seed
+DISTILL_ARMS = ("opd", "esr", "adwin", "esr24")
+LABELS = {"opd": "OPD (full rollouts)", "esr": "ESR k=12", "esr24": "ESR k=24", "adwin": "ADWIN (k0=12)",
+          "grpo": "GRPO (task reward)"}
+
+sys.path.insert(0, str(REPO / "experiments"))
+from reproduce import child_env, mean_spread  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries (pure functions of run results; tested on hand-made results)
+# ---------------------------------------------------------------------------------------------
+
+def curve_from_rows(rows: Sequence[dict], before: float, after: float) -> list[tuple[int, float, float]]:
+  """The held-out learning curve of a run: (RL step, cumulative generated tokens, pass@1) points.
+
+  Args:
+    rows: the run's `metrics.jsonl` rows; training rows carry "reward_mean" and
+      "generated_tokens", and those of a mid-run evaluation also "eval/pass@1".
+    before: held-out pass@1 before RL (the point at step 0, no tokens yet).
+    after: held-out pass@1 after the last step.
+
+  Returns:
+    Points in step order, starting with (0, 0, before) and ending with the last step's
+    cumulative tokens and `after`.
+
+  >>> rows = [{"step": 1, "reward_mean": 0, "generated_tokens": 10},
+  ...         {"step": 2, "reward_mean": 0, "generated_tokens": 20, "eval/pass@1": 0.5},
+  ...         {"step": 3, "reward_mean": 0, "generated_tokens": 5}]
+  >>> curve_from_rows(rows, 0.25, 0.75)
+  [(0, 0, 0.25), (2, 30, 0.5), (3, 35, 0.75)]
+  """
+  steps: dict[int, dict] = {}
+  for r in rows:
+    if "reward_mean" in r:   # one row per step (a resumed run may have rewritten some)
+      steps[int(r["step"])] = r
+  points, total = [(0, 0, float(before))], 0
+  last = max(steps, default=0)
+  for s in sorted(steps):
+    total += int(steps[s].get("generated_tokens", 0))
+    if s == last:
+      points.append((s, total, float(after)))
+    elif "eval/pass@1" in steps[s]:
+      points.append((s, total, float(steps[s]["eval/pass@1"])))
+  return points
+
+
+def tokens_to_reach(curve: Sequence[Sequence[float]], level: float) -> float | None:
+  """Generated tokens at which a held-out curve first reaches `level` (linear between points).
+
+  Args:
+    curve: (step, cumulative tokens, pass@1) points in step order.
+    level: the pass@1 to reach.
+
+  Returns:
+    Tokens (interpolated between the two evaluations around the first crossing), 0 if the
+    start is already there, None if the curve never reaches it.
+
+  >>> tokens_to_reach([(0, 0, 0.2), (10, 100, 0.4), (20, 200, 0.8)], 0.6)
+  150.0
+  >>> tokens_to_reach([(0, 0, 0.2), (10, 100, 0.4)], 0.6) is None
+  True
+  """
+  prev = None
+  for _, tok, p in curve:
+    if p >= level:
+      if prev is None:
+        return 0.0
+      (t0, p0), (t1, p1) = prev, (tok, p)
+      return float(t0 + (t1 - t0) * (level - p0) / (p1 - p0)) if p1 > p0 else float(t1)
+    prev = (tok, p)
+  return None
+
+
+def gap_closed(before: float, after: float, teacher: float) -> float | None:
+  """(after - before) / (teacher - before): 0 = no progress, 1 = the teacher's accuracy.
+
+  >>> gap_closed(0.5, 0.75, 1.0)
+  0.5
+  >>> gap_closed(0.9, 0.95, 0.9) is None
+  True
+  """
+  if teacher is None or teacher - before <= 1e-9:
+    return None
+  return (after - before) / (teacher - before)
+
+
+def run_summary(summary: dict, rows: Sequence[dict], *, teacher: dict, distill: bool) -> dict[str, Any]:
+  """A finished run's numbers from its `summary.json` and `metrics.jsonl` rows.
+
+  Args:
+    summary: {"before": {...}, "after": {...}} held-out metrics ("eval/pass@1",
+      "eval/greedy_accuracy", ...).
+    rows: the metrics rows (see `curve_from_rows`); distillation rows may carry
+      "distill/probe_tokens", "distill/window" and "distill/reverse_kl".
+    teacher: the teacher's held-out metrics (same evaluation).
+    distill: whether the teacher scored the run's rollouts (then every generated token,
+      probes included, is teacher-scored).
+
+  Returns:
+    pass@1 / greedy before, after and gain, the fraction of the teacher gap closed (both),
+    generated, probe, trained and teacher-scored tokens, the curve, the tokens to half the
+    sampled pass@1 gap, mean window, mean train-time reverse KL of the first and last 10
+    steps, and median sample/update seconds per step.
+  """
+  steps = {}
+  for r in rows:
+    if "reward_mean" in r:
+      steps[int(r["step"])] = r
+  steps = [steps[k] for k in sorted(steps)]
+  out: dict[str, Any] = {}
+  for name, key in (("pass@1", "eval/pass@1"), ("greedy", "eval/greedy_accuracy"), ("pass@4", "eval/pass@4")):
+    b, a = summary.get("before", {}).get(key), summary.get("after", {}).get(key)
+    out[f"{name} before"], out[f"{name} after"] = b, a
+    out[f"{name} gain"] = None if a is None or b is None else a - b
+    t = teacher.get(key)
+    out[f"{name} teacher"] = t
+    out[f"{name} gap closed"] = None if a is None or b is None else gap_closed(b, a, t)
+  gen = sum(float(r.get("generated_tokens", 0.0)) for r in steps)
+  probe = sum(float(r.get("distill/probe_tokens", 0.0)) for r in steps)
+  out.update(generated_tokens=gen, probe_tokens=probe, trained_tokens=gen - probe,
+             teacher_scored_tokens=gen if distill else 0.0, steps=len(steps))
+  curve = curve_from_rows(rows, out["pass@1 before"] or 0.0, out["pass@1 after"] or 0.0)
+  out["curve"] = [list(p) for p in curve]
+  b, t = out["pass@1 before"], out["pass@1 teacher"]
+  half = None if b is None or t is None or t <= b else b + 0.5 * (t - b)
+  out["half_gap_level"] = half
+  out["tokens_to_half_gap"] = None if half is None else tokens_to_reach(curve, half)
+
+  def mean_of(key, part=slice(None)):
+    vals = [float(r[key]) for r in steps[part] if key in r]
+    return sum(vals) / len(vals) if vals else None
+
+  def median_of(key):
+    vals = sorted(float(r[key]) for r in steps if key in r)
+    return vals[len(vals) // 2] if vals else None
+
+  out["mean_window"] = mean_of("distill/window")
+  out["reverse_kl_first10"] = mean_of("distill/reverse_kl", slice(0, 10))
+  out["reverse_kl_last10"] = mean_of("distill/reverse_kl", slice(-10, None))
+  out["sample_s_per_step"] = median_of("time/sample")
+  out["update_s_per_step"] = median_of("time/update")
+  return out
+
+
+COLUMNS = {   # {column: run key}; the table's columns in order
+    "pass@1 before": "pass@1 before", "pass@1 after": "pass@1 after", "gap closed (pass@1)": "pass@1 gap closed",
+    "greedy after": "greedy after", "gap closed (greedy)": "greedy gap closed",
+    "generated tokens": "generated_tokens", "probe tokens": "probe_tokens",
+    "teacher-scored tokens": "teacher_scored_tokens", "tokens to half gap": "tokens_to_half_gap",
+    "mean window": "mean_window", "wall s": "wall_s"}
+
+
+def aggregate(results: Sequence[dict], arms: Sequence[str] = ARMS) -> dict[str, dict[str, Any]]:
+  """{arm: {column: mean_spread(...) + per-seed values, "seeds", "reached half gap"}}.
+
+  `tokens to half gap` is averaged over the seeds that reached it; "reached half gap"
+  counts them (a seed that never reached it has no token count).
+  """
+  table = {}
+  for arm in arms:
+    runs = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["seed"])
+    if not runs:
+      continue
+    row: dict[str, Any] = {"seeds": [r["seed"] for r in runs]}
+    for column, key in COLUMNS.items():
+      values = [r.get(key) for r in runs]
+      row[column] = dict(mean_spread(values), values=values)
+    row["reached half gap"] = sum(r.get("tokens_to_half_gap") is not None for r in runs)
+    table[arm] = row
+  return table
+
+
+def _mean(table, arm, column):
+  cell = table.get(arm, {}).get(column)
+  return (cell["mean"], cell["se"] or 0.0) if cell and cell["mean"] is not None else (None, None)
+
+
+def verdict(table: dict, *, token_fraction: float = 0.5) -> dict[str, Any]:
+  """The two halves of the claim, each True / False / None (not enough runs) with its reason.
+
+  approaches: full-rollout OPD closes at least half of the student-teacher gap in held-out
+    pass@1 (mean over seeds), with a gain above two standard errors (above 0 with one seed).
+  fraction[arm] for ESR / ADWIN arms: held when the arm ends within two standard errors
+    (at least 0.02) of OPD's final pass@1 or above it, having generated at most
+    `token_fraction` of OPD's tokens.
+
+  >>> t = {"opd": {"gap closed (pass@1)": {"mean": 0.6, "se": 0.05}, "pass@1 after": {"mean": 0.8, "se": 0.01},
+  ...              "pass@1 before": {"mean": 0.45, "se": 0.0}, "generated tokens": {"mean": 1000, "se": 0}},
+  ...      "esr": {"pass@1 after": {"mean": 0.79, "se": 0.01}, "generated tokens": {"mean": 300, "se": 0}}}
+  >>> v = verdict(t)
+  >>> v["approaches"][0], v["fraction"]["esr"][0]
+  (True, True)
+  """
+  out: dict[str, Any] = {"fraction": {}}
+  closed, _ = _mean(table, "opd", "gap closed (pass@1)")
+  before, before_se = _mean(table, "opd", "pass@1 before")
+  after, after_se = _mean(table, "opd", "pass@1 after")
+  if after is None:
+    out["approaches"] = (None, "OPD has not run")
+  elif closed is None:
+    out["approaches"] = (None, "the teacher is not better than the student on held-out pass@1: no gap to close")
+  else:
+    gain, gain_se = after - before, math.sqrt(after_se ** 2 + before_se ** 2)
+    ok = closed >= 0.5 and gain > 2 * gain_se and gain > 0
+    out["approaches"] = (ok, f"OPD closes {closed:.0%} of the pass@1 gap to the teacher (gain {gain:+.3f}, "
+                             f"se {gain_se:.3f})")
+  opd_tok, _ = _mean(table, "opd", "generated tokens")
+  for arm in ("esr", "esr24", "adwin"):
+    a, a_se = _mean(table, arm, "pass@1 after")
+    tok, _ = _mean(table, arm, "generated tokens")
+    if a is None or after is None or not opd_tok:
+      continue
+    frac = tok / opd_tok
+    tol = max(2 * math.sqrt(a_se ** 2 + after_se ** 2), 0.02)
+    ok = a >= after - tol and frac <= token_fraction
+    out["fraction"][arm] = (ok, f"{LABELS[arm]} ends at pass@1 {a:.3f} vs OPD {after:.3f} (tolerance {tol:.3f}) "
+                                f"with {frac:.0%} of OPD's generated tokens")
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables and plot
+# ---------------------------------------------------------------------------------------------
+
+def _cell(cell, digits):
+  if not cell or cell["mean"] is None:
+    return "n/a"
+  if cell["n"] < 2:
+    return f"{cell['mean']:.{digits}f}"
+  return f"{cell['mean']:.{digits}f} +- {cell['spread']:.{digits}f}"
+
+
+def _word(held):
+  return {True: "held", False: "did not hold", None: "inconclusive"}[held]
+
+
+def markdown(doc: dict) -> str:
+  """The study's Markdown report from its JSON document (see `write_outputs`)."""
+  table, v, gap = doc["arms"], doc["verdict"], doc.get("teacher_gap", {})
+  lines = ["# On-policy distillation in miniature" + (" (smoke run: not a result)" if doc.get("smoke") else ""), "",
+           doc["setup"], ""]
+  if gap:
+    lines += ["Held-out accuracy of the warm starts (200 prompts; pass@1 over 4 samples at temperature 1, and "
+              "greedy):", "", "| SFT steps | role | pass@1 | greedy | pass@4 |", "|---|---|---|---|---|"]
+    for steps, m in sorted(gap.items(), key=lambda kv: int(kv[0])):
+      role = "student" if int(steps) == doc["student_sft_steps"] else (
+          "teacher" if int(steps) == doc["teacher_sft_steps"] else "")
+      lines.append(f"| {steps} | {role} | {m.get('eval/pass@1', float('nan')):.3f} | "
+                   f"{m.get('eval/greedy_accuracy', float('nan')):.3f} | {m.get('eval/pass@4', float('nan')):.3f} |")
+    lines.append("")
+  ok, why = v["approaches"]
+  lines += [f"Student approaches the teacher: **{_word(ok)}**. {why}.", ""]
+  for arm, (ok, why) in v["fraction"].items():
+    lines += [f"{LABELS[arm]} at a fraction of OPD's tokens: **{_word(ok)}**. {why}.", ""]
+  lines += [f"Rules: {doc['rule']}", "",
+            "Cells: mean +- sample standard deviation over seeds (ddof=1). Tokens are totals over the run; "
+            "probe tokens are ADWIN's full-rollout probes (generated and teacher-scored, not trained on); "
+            "`tokens to half gap` is where the held-out curve (evaluated every 20 steps) first reaches the "
+            "student's pass@1 plus half the gap to the teacher, interpolated, over the seeds that reached it.", "",
+            "| arm | " + " | ".join(COLUMNS) + " | reached half gap | seeds |",
+            "|---|" + "---|" * (len(COLUMNS) + 2)]
+  for arm, row in table.items():
+    cells = [_cell(row[c], 0 if ("tokens" in c or c == "wall s") else (1 if c == "mean window" else 3))
+             for c in COLUMNS]
+    lines.append(f"| {LABELS.get(arm, arm)} | " + " | ".join(cells) +
+                 f" | {row['reached half gap']}/{len(row['seeds'])} | {len(row['seeds'])} |")
+  if doc.get("not_run"):
+    lines += ["", "Not run (not started before the stop time, or failed): " + ", ".join(doc["not_run"]) + "."]
+  return "\n".join(lines) + "\n"
+
+
+def _plot(doc: dict, path: pathlib.Path) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  colors = {"opd": "#1f77b4", "esr": "#d62728", "esr24": "#ff7f0e", "adwin": "#2ca02c", "grpo": "#7f7f7f"}
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  teacher = doc.get("teacher_pass@1")
+  for arm in doc["arms"]:
+    runs = [r for r in doc["runs"] if r["arm"] == arm]
+    for i, r in enumerate(runs):
+      c = r["curve"]
+      kw = dict(color=colors.get(arm, "k"), marker="o", ms=3, lw=1.2, alpha=0.85,
+                label=LABELS.get(arm, arm) if i == 0 else None)
+      axes[0].plot([p[1] / 1e3 for p in c], [p[2] for p in c], **kw)
+      axes[1].plot([p[0] for p in c], [p[2] for p in c], **kw)
+  for ax in axes:
+    if teacher is not None:
+      ax.axhline(teacher, color="k", ls="--", lw=0.8, label="teacher")
+    ax.set_ylabel("held-out pass@1 (T=1)")
+  axes[0].set_xlabel("generated tokens (thousands, probes included)")
+  axes[1].set_xlabel("RL step")
+  axes[0].legend(fontsize=7, loc="lower right")
+  fig.suptitle("On-policy distillation, 8 prompts x 8 samples a step (one line per seed)", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+SETUP = ("Arithmetic (3-digit addition, worked carries, answers up to 40 tokens), a 0.6M-parameter character "
+         "model. Student: the 275-step SFT warm start; teacher: the same recipe trained {teacher} steps. "
+         "80 RL steps of 8 prompts x 8 samples (lr 1.5e-4, one update per step); a token's advantage is "
+         "log p_teacher - log p_student on the student's own sample (single-sample reverse KL, no baseline). "
+         "ESR generates and trains only the first k tokens; ADWIN starts at k=12 and every 5 steps re-sizes it "
+         "from a full-rollout probe of the same prompts (x1.25 when the prefix's per-sequence signal has cosine "
+         "< 0.9 with the full rollout's, else x0.75, in [4, 40]). GRPO on the task's reward is the "
+         "reward-based reference. Every seed starts from seed 0's student and distils from seed 0's teacher.")
+RULE = ("the student approaches the teacher when full-rollout OPD closes at least half of the held-out pass@1 "
+        "gap with a gain above two standard errors; ESR / ADWIN reach it at a fraction of the tokens when they "
+        "end within two standard errors (at least 0.02) of OPD's final pass@1, or above, having generated at "
+        "most half of OPD's tokens (probes included).")
+
+
+def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap: dict, student_steps: int,
+                  teacher_steps: int, planned_seeds: int, smoke: bool = False, missing: Sequence[str] = (),
+                  plot: bool = True, stem: str = "distill") -> dict[str, Any]:
+  """Writes STEM.json and .md (and .png) from run results; returns the JSON document."""
+  table = aggregate(results)
+  v = verdict(table)
+  teacher = teacher_gap.get(str(teacher_steps), {})
+  doc = {"setup": SETUP.format(teacher=teacher_steps), "rule": RULE, "smoke": smoke,
+         "student_sft_steps": student_steps, "teacher_sft_steps": teacher_steps,
+         "teacher_pass@1": teacher.get("eval/pass@1"), "teacher_greedy": teacher.get("eval/greedy_accuracy"),
+         "teacher_gap": teacher_gap, "planned_seeds": planned_seeds, "verdict": v, "not_run": list(missing),
+         "arms": table, "runs": sorted(results, key=lambda r: (ARMS.index(r["arm"]), r["seed"]))}
+  out_dir.mkdir(parents=True, exist_ok=True)
+  base = out_dir / stem
+  base.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+  base.with_suffix(".md").write_text(markdown(doc))
+  if plot and table:
+    _plot(doc, base.with_suffix(".png"))
+  return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# Warm starts, the teacher gap and runs
+# ---------------------------------------------------------------------------------------------
+
+def _exp(arm: str, smoke: bool, overrides: Sequence[str] = ()):
+  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config_file(REPO / CONFIG, arm + (",smoke" if smoke else ""))
+  for item in overrides:
+    key, _, raw = item.partition("=")
+    *parents, leaf = key.split(".")
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = type(node[leaf])(raw) if not isinstance(node[leaf], str) else raw
+  return config_lib.from_config_dict(config)
+
+
+def _folder(exp, sft_steps: int) -> pathlib.Path:
+  """Where the default cache keeps the warm start of `exp` trained `sft_steps` steps."""
+  from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import policy  # pylint: disable=g-import-not-at-top
+  sft = dataclasses.replace(exp.sft, steps=sft_steps)
+  root = pathlib.Path(sft.cache_dir) if sft.cache_dir else tasks.cache_root() / "warmstart"
+  return root / f"{exp.data.task}-{policy.warm_start_key(exp.data, exp.tokenizer, exp.model, sft, exp.seed)}"
+
+
+def measure_gap(steps_list: Sequence[int], *, smoke: bool = False, log: Callable[[str], None] = print) -> dict:
+  """{sft steps: held-out metrics} of the seed-0 warm starts (built if absent), with the runs' evaluation.
+
+  The evaluation is the one a training run does before and after RL (same prompts, same key).
+  """
+  from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
+  out = {}
+  base = _exp("opd", smoke)
+  train, test = loop.load_task(base)
+  for steps in steps_list:
+    exp = dataclasses.replace(base, sft=dataclasses.replace(base.sft, steps=int(steps)))
+    t0 = time.time()
+    cfg, params, tokenizer, folder = loop.warm_start(exp, train)
+    built = time.time() - t0
+    metrics = loop.evaluate(exp, cfg, params, tokenizer, list(test[:exp.eval.num_examples]))
+    out[str(steps)] = dict({k: float(v) for k, v in metrics.items()}, folder=folder.name)
+    log(f"SFT {steps} steps ({built:.0f} s to load/build): " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+  return out
+
+
+def warm_start_overrides(runs_dir: pathlib.Path, smoke: bool, teacher_steps: int) -> list[str]:
+  """Overrides that load seed 0's student as a local checkpoint and its teacher from a private cache.
+
+  The teacher is built by the pipeline through the warm-start cache, whose key includes the
+  seed and the model section; this links seed 0's teacher under each run's key in a cache
+  of this study (`runs_dir/teachers`), so every seed distils from the same teacher.
+  """
+  exp = _exp("opd", smoke)
+  student = _folder(exp, exp.sft.steps)
+  teacher = _folder(exp, teacher_steps if not smoke else exp.rollout.teacher_sft_steps)
+  for folder in (student, teacher):
+    if not (folder / "done.json").exists():
+      raise RuntimeError(f"warm start {folder.name} is missing: run --gap first")
+  return ["model.init=hf", f"model.hf_path={student}", f"tokenizer.path={student / 'tokenizer.json'}",
+          f"sft.cache_dir={runs_dir / 'teachers'}"] + (
+      [f"rollout.teacher_sft_steps={teacher_steps}"] if not smoke else [])
+
+
+def _link_teacher(arm: str, smoke: bool, overrides: Sequence[str], teacher: pathlib.Path) -> None:
+  exp = _exp(arm, smoke, overrides)
+  if not exp.rollout.distill:
+    return
+  link = _folder(exp, exp.rollout.teacher_sft_steps)
+  link.parent.mkdir(parents=True, exist_ok=True)
+  if not link.exists():
+    link.symlink_to(teacher, target_is_directory=True)
+
+
+def run_one(arm: str, seed: int, workdir: pathlib.Path, overrides: Sequence[str], *, teacher_folder: pathlib.Path,
+            teacher_metrics: dict, smoke: bool, env: dict) -> dict[str, Any]:
+  """Runs (or reuses, or resumes) one arm x seed in a training subprocess; returns its result."""
+  result_file = workdir / "result.json"
+  if result_file.exists():
+    return json.loads(result_file.read_text())
+  workdir.mkdir(parents=True, exist_ok=True)
+  overrides = list(overrides) + [f"seed={seed}"]
+  _link_teacher(arm, smoke, overrides, teacher_folder)
+  wall_file = workdir / "wall_s.json"
+  earlier = json.loads(wall_file.read_text())["wall_s"] if wall_file.exists() else 0.0
+  cmd = [sys.executable, "experiments/train.py", f"--config={CONFIG}:{arm}" + (",smoke" if smoke else ""),
+         f"--workdir={workdir}", "--progress=false"] + [f"--config.{o}" for o in overrides]
+  t0 = time.time()
+  with open(workdir / "train.log", "a") as log:
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+  wall = earlier + time.time() - t0
+  if proc.returncode:
+    wall_file.write_text(json.dumps({"wall_s": wall}))
+    raise RuntimeError(f"{arm}/seed{seed} failed (exit {proc.returncode}); see {workdir}/train.log")
+  summary = json.loads((workdir / "summary.json").read_text())
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+  result = dict(run_summary(summary, rows, teacher=teacher_metrics, distill=arm in DISTILL_ARMS),
+                arm=arm, seed=seed, wall_s=wall, load_start=os.getloadavg()[0])
+  result_file.write_text(json.dumps(result, indent=1))
+  return result
+
+
+def _past(stop_at: str | None) -> bool:
+  if not stop_at:
+    return False
+  now = datetime.datetime.now(datetime.timezone.utc)
+  hh, mm = (int(x) for x in stop_at.split(":"))
+  return (now.hour, now.minute) >= (hh, mm)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--gap", action="store_true", help="measure the warm starts' held-out accuracy and exit")
+  parser.add_argument("--gap_steps", default="275,400,600", help="SFT steps measured by --gap")
+  parser.add_argument("--teacher_steps", type=int, default=400)
+  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--arms", default=",".join(ARMS), help="arms to run (finished runs of the others are reported)")
+  parser.add_argument("--runs_dir", default=os.path.join(tempfile.gettempdir(), "rollouts_distill"))
+  parser.add_argument("--results_dir", default=str(RESULTS))
+  parser.add_argument("--threads", type=int, default=1, help="CPU threads per training process (0: default)")
+  parser.add_argument("--stop_at", default=None, help="HH:MM UTC after which no new run starts")
+  parser.add_argument("--report_only", action="store_true")
+  parser.add_argument("--smoke", action="store_true", help="the arms' smoke variants, one seed (not a result)")
+  args = parser.parse_args(argv)
+  runs_dir = pathlib.Path(args.runs_dir) / ("smoke" if args.smoke else "")
+  results_dir = pathlib.Path(args.results_dir)
+  gap_file = runs_dir / "teacher_gap.json"
+  gap = json.loads(gap_file.read_text()) if gap_file.exists() else {}
+  student_steps = _exp("opd", args.smoke).sft.steps
+  teacher_steps = args.teacher_steps if not args.smoke else _exp("opd", True).rollout.teacher_sft_steps
+  if args.gap or not gap:
+    steps = [int(s) for s in args.gap_steps.split(",")] if not args.smoke else [student_steps, teacher_steps]
+    gap.update(measure_gap([s for s in steps if str(s) not in gap], smoke=args.smoke))
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    gap_file.write_text(json.dumps(gap, indent=1))
+    if args.gap:
+      return
+  if str(teacher_steps) not in gap:
+    gap.update(measure_gap([teacher_steps], smoke=args.smoke))
+    gap_file.write_text(json.dumps(gap, indent=1))
+  env = child_env(args.threads, runs_dir / "jax_cache")
+  overrides = warm_start_overrides(runs_dir, args.smoke, teacher_steps)
+  teacher_folder = _folder(_exp("opd", args.smoke), teacher_steps)
+  arms = [a for a in ARMS if a in args.arms.split(",")]
+  seeds = 1 if args.smoke else args.seeds
+  results, missing = [], []
+  kw = dict(teacher_gap=gap, student_steps=student_steps, teacher_steps=teacher_steps, planned_seeds=seeds,
+            smoke=args.smoke, stem="distill" if not args.smoke else "distill_smoke")
+  for seed in range(seeds):
+    for arm in ARMS:
+      workdir = runs_dir / arm / f"seed{seed}"
+      if arm not in arms:   # not chosen this time: reported if it ran before
+        if (workdir / "result.json").exists():
+          results.append(json.loads((workdir / "result.json").read_text()))
+        continue
+      if not (workdir / "result.json").exists() and (args.report_only or _past(args.stop_at)):
+        missing.append(f"{arm}/seed{seed}")
+        continue
+      try:
+        t0 = time.time()
+        load = os.getloadavg()[0]
+        r = run_one(arm, seed, workdir, overrides, teacher_folder=teacher_folder,
+                    teacher_metrics=gap[str(teacher_steps)], smoke=args.smoke, env=env)
+        print(f"{arm} seed {seed}: pass@1 {r['pass@1 before']:.3f} -> {r['pass@1 after']:.3f}, "
+              f"{r['generated_tokens']:.0f} tokens, wall {r['wall_s']:.0f} s ({time.time() - t0:.0f} s now, "
+              f"load {load:.2f})", flush=True)
+        results.append(r)
+      except RuntimeError as e:
+        print(e, flush=True)
+        missing.append(f"{arm}/seed{seed} (failed)")
+      write_outputs(results, results_dir, missing=missing, plot=False, **kw)
+  doc = write_outputs(results, results_dir, missing=missing, **kw)
+  print(json.dumps(doc["verdict"], indent=1))
+
+
+if __name__ == "__main__":
+  main()

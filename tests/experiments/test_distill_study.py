@@ -1,0 +1,145 @@
+"""experiments/distill_study.py: curves, token counts, gap closure and verdicts on hand-made runs."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location("distill_study", REPO / "experiments" / "distill_study.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["distill_study"] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+ds = _module()
+
+TEACHER = {"eval/pass@1": 0.95, "eval/greedy_accuracy": 0.99, "eval/pass@4": 1.0}
+
+
+def _rows(tokens_per_step, evals, steps=80, probe_every=0, probe_tokens=0, window=None):
+  """Metrics rows of a hand-made run: constant tokens a step, mid-run evaluations at given steps."""
+  rows = [{"step": 0, "eval/pass@1": 0.45}]   # the "before" row carries no reward_mean
+  for s in range(1, steps + 1):
+    r = {"step": s, "reward_mean": 0.5, "generated_tokens": float(tokens_per_step), "time/sample": 1.0,
+         "time/update": 0.5, "distill/reverse_kl": 1.0 / s}
+    if probe_every and (s - 1) % probe_every == 0:
+      r["generated_tokens"] += probe_tokens
+      r["distill/probe_tokens"] = float(probe_tokens)
+    if window is not None:
+      r["distill/window"] = float(window)
+    if s in evals:
+      r["eval/pass@1"] = evals[s]
+    rows.append(r)
+  rows.append({"step": steps, "eval/pass@1": 0.9})   # the "after" row, logged apart
+  return rows
+
+
+def _summary(before, after, greedy_before=0.8, greedy_after=0.95):
+  return {"before": {"eval/pass@1": before, "eval/greedy_accuracy": greedy_before, "eval/pass@4": 0.8},
+          "after": {"eval/pass@1": after, "eval/greedy_accuracy": greedy_after, "eval/pass@4": 0.9}}
+
+
+def test_curve_accumulates_tokens_and_places_evaluations_at_their_steps():
+  rows = _rows(100, {20: 0.6, 40: 0.7, 60: 0.8})
+  curve = ds.curve_from_rows(rows, 0.45, 0.9)
+  assert curve == [(0, 0, 0.45), (20, 2000, 0.6), (40, 4000, 0.7), (60, 6000, 0.8), (80, 8000, 0.9)]
+
+
+def test_a_resumed_run_counts_a_rewritten_step_once():
+  rows = _rows(100, {20: 0.6})
+  rows.insert(15, dict(rows[10]))   # step 10 logged twice (killed after logging, resumed before the checkpoint)
+  assert ds.curve_from_rows(rows, 0.45, 0.9)[-1] == (80, 8000, 0.9)
+
+
+def test_tokens_to_reach_interpolates_and_takes_the_first_crossing():
+  curve = [(0, 0, 0.4), (20, 1000, 0.8), (40, 2000, 0.5), (60, 3000, 0.9)]
+  assert ds.tokens_to_reach(curve, 0.6) == pytest.approx(500.0)   # first crossing, not the later one
+  assert ds.tokens_to_reach(curve, 0.3) == 0.0
+  assert ds.tokens_to_reach(curve, 0.95) is None
+  # The interpolated count is monotone in the level.
+  levels = [0.41, 0.5, 0.6, 0.7, 0.8]
+  counts = [ds.tokens_to_reach(curve, lv) for lv in levels]
+  assert counts == sorted(counts)
+
+
+def test_gap_closed_is_zero_at_the_start_and_one_at_the_teacher():
+  assert ds.gap_closed(0.45, 0.45, 0.95) == 0.0
+  assert ds.gap_closed(0.45, 0.95, 0.95) == pytest.approx(1.0)
+  assert ds.gap_closed(0.45, 0.2, 0.95) < 0
+  assert ds.gap_closed(0.95, 0.97, 0.95) is None   # no gap to close
+
+
+def test_run_summary_separates_probe_tokens_and_counts_teacher_scored_tokens():
+  rows = _rows(200, {20: 0.6, 40: 0.7, 60: 0.75}, probe_every=5, probe_tokens=1000, window=12)
+  r = ds.run_summary(_summary(0.45, 0.8), rows, teacher=TEACHER, distill=True)
+  assert r["probe_tokens"] == 16 * 1000
+  assert r["generated_tokens"] == 80 * 200 + 16 * 1000
+  assert r["trained_tokens"] == 80 * 200
+  assert r["teacher_scored_tokens"] == r["generated_tokens"]
+  assert r["pass@1 gap closed"] == pytest.approx((0.8 - 0.45) / (0.95 - 0.45))
+  assert r["greedy gap closed"] == pytest.approx((0.95 - 0.8) / (0.99 - 0.8))
+  assert r["half_gap_level"] == pytest.approx(0.7)
+  # 0.7 is reached at the step-40 evaluation; tokens then: 40 * 200 plus the probes of steps 1, 6, ..., 36 (8).
+  assert r["tokens_to_half_gap"] == pytest.approx(40 * 200 + 8 * 1000)
+  assert r["mean_window"] == 12.0
+  assert r["reverse_kl_first10"] > r["reverse_kl_last10"]
+  reward_run = ds.run_summary(_summary(0.45, 0.5), _rows(300, {}), teacher=TEACHER, distill=False)
+  assert reward_run["teacher_scored_tokens"] == 0.0
+  assert reward_run["tokens_to_half_gap"] is None   # never reached 0.7
+
+
+def _result(arm, seed, after, tokens, before=0.45, half=None):
+  return {"arm": arm, "seed": seed, "pass@1 before": before, "pass@1 after": after,
+          "pass@1 gap closed": ds.gap_closed(before, after, 0.95), "greedy after": 0.95, "greedy gap closed": 0.5,
+          "generated_tokens": tokens, "probe_tokens": 0.0, "teacher_scored_tokens": tokens,
+          "tokens_to_half_gap": half, "mean_window": None, "wall_s": 100.0,
+          "curve": [[0, 0, before], [80, tokens, after]]}
+
+
+def test_aggregate_averages_seeds_and_counts_those_that_reached_half_the_gap():
+  results = [_result("opd", 0, 0.80, 20000, half=9000), _result("opd", 1, 0.84, 22000, half=11000),
+             _result("esr", 0, 0.70, 6000, half=3000), _result("esr", 1, 0.60, 6000)]
+  t = ds.aggregate(results)
+  assert list(t) == ["opd", "esr"]
+  assert t["opd"]["pass@1 after"]["mean"] == pytest.approx(0.82)
+  assert t["opd"]["pass@1 after"]["spread"] == pytest.approx(math.sqrt(2) * 0.02)
+  assert t["opd"]["tokens to half gap"]["mean"] == pytest.approx(10000)
+  assert t["opd"]["reached half gap"] == 2
+  assert t["esr"]["reached half gap"] == 1
+  assert t["esr"]["tokens to half gap"]["mean"] == pytest.approx(3000)   # the seed that reached it
+
+
+def test_verdict_holds_only_for_arms_that_match_opd_at_a_fraction_of_its_tokens():
+  results = [_result("opd", s, a, 20000) for s, a in enumerate((0.80, 0.82, 0.84))]
+  results += [_result("esr", s, a, 6000) for s, a in enumerate((0.81, 0.82, 0.83))]       # as good, 30 %
+  results += [_result("adwin", s, a, 15000) for s, a in enumerate((0.81, 0.82, 0.83))]   # as good, 75 %
+  results += [_result("esr24", s, a, 8000) for s, a in enumerate((0.60, 0.61, 0.62))]    # cheap but worse
+  v = ds.verdict(ds.aggregate(results))
+  assert v["approaches"][0] is True   # (0.82 - 0.45) / 0.5 = 74 % of the gap
+  assert v["fraction"]["esr"][0] is True
+  assert v["fraction"]["adwin"][0] is False
+  assert v["fraction"]["esr24"][0] is False
+  stalled = [_result("opd", s, a, 20000) for s, a in enumerate((0.50, 0.52, 0.48))]
+  assert ds.verdict(ds.aggregate(stalled))["approaches"][0] is False   # 10 % of the gap
+  assert ds.verdict(ds.aggregate([_result("esr", 0, 0.8, 10)]))["approaches"][0] is None   # no OPD run
+
+
+def test_outputs_are_written_and_the_table_names_every_arm(tmp_path):
+  results = [_result("opd", 0, 0.8, 20000, half=9000), _result("esr", 0, 0.78, 6000, half=2500)]
+  gap = {"275": {"eval/pass@1": 0.45, "eval/greedy_accuracy": 0.83, "eval/pass@4": 0.84},
+         "400": {"eval/pass@1": 0.95, "eval/greedy_accuracy": 0.99, "eval/pass@4": 1.0}}
+  doc = ds.write_outputs(results, tmp_path, teacher_gap=gap, student_steps=275, teacher_steps=400, planned_seeds=1,
+                         missing=["adwin/seed0"], plot=False)
+  assert doc["teacher_pass@1"] == 0.95
+  assert json.loads((tmp_path / "distill.json").read_text())["verdict"] == json.loads(json.dumps(doc["verdict"]))
+  md = (tmp_path / "distill.md").read_text()
+  for label in (ds.LABELS["opd"], ds.LABELS["esr"], "| 400 | teacher | 0.950", "adwin/seed0"):
+    assert label in md

@@ -1,12 +1,15 @@
 r"""On-policy distillation in miniature: the arms of `experiments/distill_study.py`.
 
-The reproduction miniature (`configs/repro_base.py`: 8 prompts a step, 80 RL steps, a
-200-prompt held-out evaluation, also every 20 steps for the learning curve), with the
-student's per-token advantage log p_teacher - log p_student on its own rollouts (METHODS 9.6).
+The reproduction miniature (`configs/repro_base.py`: 8 prompts a step, a 200-prompt held-out
+evaluation, here also every 20 steps for the learning curve) run for 160 RL steps instead of
+80 (at 80, full-rollout OPD at this learning rate is still in the dip every run of this policy
+shows first, and 1e-3 collapsed it), with the student's per-token advantage
+log p_teacher - log p_student on its own rollouts (METHODS 9.6).
 The teacher is the same SFT recipe trained for 400 steps instead of the student's 275. Arms
 (the config argument):
 
   opd     full rollouts (up to 40 tokens) generated, scored and trained
+  opd_lr3 the same at twice the learning rate (3e-4): is the step size what limits OPD here?
   esr     ESR: only the first 12 tokens generated and trained (`distill_window`)
   esr24   ESR with a 24-token window
   adwin   ADWIN: a window starting at 12, re-sized every 5 steps from a full-rollout probe
@@ -21,7 +24,7 @@ import os
 
 from rollouts_jax.training.config import load_config_file, parse_config_arg
 
-ARMS = ("opd", "esr", "esr24", "adwin", "grpo")
+ARMS = ("opd", "opd_lr3", "esr", "esr24", "adwin", "grpo")
 TEACHER_SFT_STEPS = 400
 
 
@@ -34,10 +37,14 @@ def get_config(arg=None):
   arm = arms[0]
   config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
   config.eval.every = 20 if not smoke else 0
+  if not smoke:
+    config.rl.steps = 160
   if arm == "grpo":
     return config
   config.rollout.teacher_sft_steps = TEACHER_SFT_STEPS if not smoke else config.sft.steps + 5
-  config.rollout.distill = {"esr24": "esr"}.get(arm, arm)
+  config.rollout.distill = {"esr24": "esr", "opd_lr3": "opd"}.get(arm, arm)
+  if arm == "opd_lr3":
+    config.rl.learning_rate = 3e-4
   window = {"esr24": 24}.get(arm, 12)
   config.rollout.distill_window = window if not smoke else 8
   return config

@@ -4,8 +4,8 @@ r"""On-policy distillation in miniature: does the student approach the teacher, 
   python experiments/distill_study.py --seeds=3 --stop_at=13:15          # the sweep (resumable)
   python experiments/distill_study.py --report_only                      # tables from finished runs
 
-The arms are `configs/distill_arms.py:ARM` (the reproduction miniature: 8 prompts a step, 80
-RL steps, a 200-prompt held-out evaluation at 4 samples, temperature 1): full-rollout OPD,
+The arms are `configs/distill_arms.py:ARM` (the reproduction miniature: 8 prompts a step, here
+160 RL steps, a 200-prompt held-out evaluation at 4 samples, temperature 1): full-rollout OPD,
 ESR (only the first k tokens generated and trained), ADWIN (k re-sized from full-rollout
 probes) and, for reference, GRPO on the task reward (METHODS 9.6; GKD, Agarwal et al. 2024).
 The student is the SFT warm start (275 steps); the teacher the same recipe trained longer
@@ -39,9 +39,9 @@ from typing import Any, Callable, Sequence
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 CONFIG = "configs/distill_arms.py"
-ARMS = ("opd", "esr", "adwin", "esr24", "grpo")   # priority order within a seed
-DISTILL_ARMS = ("opd", "esr", "adwin", "esr24")
-LABELS = {"opd": "OPD (full rollouts)", "esr": "ESR k=12", "esr24": "ESR k=24", "adwin": "ADWIN (k0=12)",
+ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24", "grpo")   # priority order within a seed
+DISTILL_ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24")
+LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k=12", "esr24": "ESR k=24", "adwin": "ADWIN (k0=12)",
           "grpo": "GRPO (task reward)"}
 
 sys.path.insert(0, str(REPO / "experiments"))
@@ -290,6 +290,13 @@ def markdown(doc: dict) -> str:
       lines.append(f"| {steps} | {role} | {m.get('eval/pass@1', float('nan')):.3f} | "
                    f"{m.get('eval/greedy_accuracy', float('nan')):.3f} | {m.get('eval/pass@4', float('nan')):.3f} |")
     lines.append("")
+  kl = doc.get("kl_profile") or {}
+  if kl:
+    shares = ", ".join(f"first {k} tokens {kl[k]:.0%}" for k in kl if k.isdigit())
+    lines += [f"Where the signal sits (student warm start, {kl['rollouts']} rollouts of training prompts, mean "
+              f"length {kl['mean_length']:.1f} tokens): the summed reverse KL to the teacher is {kl['total']:.2f} "
+              f"nats per rollout; its share in the {shares}; tokens whose estimate exceeds 2 nats are "
+              f"{kl['big_token_frac']:.1%} of tokens and carry {kl['big_token_share']:.0%} of |log-ratio| mass.", ""]
   ok, why = v["approaches"]
   lines += [f"Student approaches the teacher: **{_word(ok)}**. {why}.", ""]
   for arm, (ok, why) in v["fraction"].items():
@@ -315,8 +322,9 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  colors = {"opd": "#1f77b4", "esr": "#d62728", "esr24": "#ff7f0e", "adwin": "#2ca02c", "grpo": "#7f7f7f"}
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  colors = {"opd": "#1f77b4", "opd_lr3": "#9467bd", "esr": "#d62728", "esr24": "#ff7f0e", "adwin": "#2ca02c", "grpo": "#7f7f7f"}
+  kl = doc.get("kl_profile") or {}
+  fig, axes = plt.subplots(1, 3 if kl else 2, figsize=(15 if kl else 10, 3.8))
   teacher = doc.get("teacher_pass@1")
   for arm in doc["arms"]:
     runs = [r for r in doc["runs"] if r["arm"] == arm]
@@ -326,7 +334,15 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
                 label=LABELS.get(arm, arm) if i == 0 else None)
       axes[0].plot([p[1] / 1e3 for p in c], [p[2] for p in c], **kw)
       axes[1].plot([p[0] for p in c], [p[2] for p in c], **kw)
-  for ax in axes:
+  if kl:
+    pos = kl["per_position"]
+    axes[2].bar(range(len(pos)), pos, color="#8fb3d9", edgecolor="#35618f")
+    for k in (12, 24):
+      axes[2].axvline(k - 0.5, color="#d62728", ls=":", lw=1)
+    axes[2].set_xlabel("completion position (dotted: ESR windows 12, 24)")
+    axes[2].set_ylabel("mean log p_student - log p_teacher")
+    axes[2].set_title("reverse KL along the student's rollouts (warm start)", fontsize=8)
+  for ax in axes[:2]:
     if teacher is not None:
       ax.axhline(teacher, color="k", ls="--", lw=0.8, label="teacher")
     ax.set_ylabel("held-out pass@1 (T=1)")
@@ -341,7 +357,7 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
 
 SETUP = ("Arithmetic (3-digit addition, worked carries, answers up to 40 tokens), a 0.6M-parameter character "
          "model. Student: the 275-step SFT warm start; teacher: the same recipe trained {teacher} steps. "
-         "80 RL steps of 8 prompts x 8 samples (lr 1.5e-4, one update per step); a token's advantage is "
+         "160 RL steps of 8 prompts x 8 samples (lr 1.5e-4, one update per step); a token's advantage is "
          "log p_teacher - log p_student on the student's own sample (single-sample reverse KL, no baseline). "
          "ESR generates and trains only the first k tokens; ADWIN starts at k=12 and every 5 steps re-sizes it "
          "from a full-rollout probe of the same prompts (x1.25 when the prefix's per-sequence signal has cosine "
@@ -355,7 +371,7 @@ RULE = ("the student approaches the teacher when full-rollout OPD closes at leas
 
 def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap: dict, student_steps: int,
                   teacher_steps: int, planned_seeds: int, smoke: bool = False, missing: Sequence[str] = (),
-                  plot: bool = True, stem: str = "distill") -> dict[str, Any]:
+                  plot: bool = True, stem: str = "distill", kl: dict | None = None) -> dict[str, Any]:
   """Writes STEM.json and .md (and .png) from run results; returns the JSON document."""
   table = aggregate(results)
   v = verdict(table)
@@ -364,7 +380,8 @@ def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap
          "student_sft_steps": student_steps, "teacher_sft_steps": teacher_steps,
          "teacher_pass@1": teacher.get("eval/pass@1"), "teacher_greedy": teacher.get("eval/greedy_accuracy"),
          "teacher_gap": teacher_gap, "planned_seeds": planned_seeds, "verdict": v, "not_run": list(missing),
-         "arms": table, "runs": sorted(results, key=lambda r: (ARMS.index(r["arm"]), r["seed"]))}
+         "arms": table, "runs": sorted(results, key=lambda r: (ARMS.index(r["arm"]), r["seed"])),
+         "kl_profile": kl or {}}
   out_dir.mkdir(parents=True, exist_ok=True)
   base = out_dir / stem
   base.with_suffix(".json").write_text(json.dumps(doc, indent=1))
@@ -418,6 +435,64 @@ def measure_gap(steps_list: Sequence[int], *, smoke: bool = False, log: Callable
     out[str(steps)] = dict({k: float(v) for k, v in metrics.items()}, folder=folder.name)
     log(f"SFT {steps} steps ({built:.0f} s to load/build): " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
   return out
+
+
+def kl_share(kl: Sequence[Sequence[float]], mask: Sequence[Sequence[bool]], windows: Sequence[int]) -> dict:
+  """The share of the summed per-token reverse KL that falls in each window's first k tokens.
+
+  Args:
+    kl: [R, T] per-token reverse KL estimates (log p_student - log p_teacher of the sampled token).
+    mask: [R, T] which tokens exist.
+    windows: the k's.
+
+  Returns:
+    {"k": share} (a share is in [0, 1] when every estimate is >= 0), plus "total" (the mean
+    summed KL per rollout) and "mean_length".
+
+  >>> kl_share([[1.0, 1.0, 2.0, 0.0]], [[True, True, True, False]], [1, 2])
+  {'1': 0.25, '2': 0.5, 'total': 4.0, 'mean_length': 3.0}
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  kl, mask = np.asarray(kl, np.float64), np.asarray(mask, bool)
+  per = np.where(mask, kl, 0.0)
+  total = per.sum()
+  out = {str(k): float(per[:, :k].sum() / total) if total else None for k in windows}
+  out.update(total=float(per.sum(-1).mean()), mean_length=float(mask.sum(-1).mean()))
+  return out
+
+
+def kl_profile(teacher_steps: int, *, num_prompts: int = 64, windows: Sequence[int] = (12, 24), smoke: bool = False,
+               seed: int = 0) -> dict:
+  """Where the student's reverse KL to the teacher sits along its own rollouts (warm starts, train prompts).
+
+  Samples `rollout.num_samples` rollouts of `num_prompts` training prompts from the student
+  warm start, scores each token under both policies (the pipeline's own scoring), and
+  returns the per-position mean reverse KL estimate, the share of the summed KL in the first
+  k tokens (`kl_share`) and the share carried by tokens whose estimate exceeds 2 nats.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import sampling  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.sampling import sol_rl  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
+  exp = _exp("opd", smoke)
+  train, _ = loop.load_task(exp)
+  cfg, student, tokenizer, _ = loop.warm_start(exp, train)
+  _, teacher, _, _ = loop.warm_start(dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=teacher_steps)),
+                                     train)
+  ids, mask = loop.prompter(exp, tokenizer)(list(train[:num_prompts]))
+  out = jax.device_get(sampling.sample(cfg, student, ids, mask, jax.random.key(seed), loop.sampling_config(exp, tokenizer)))
+  batch = sampling.from_samples(ids, mask, out, prompt_index=np.arange(len(ids)), policy_version=0)
+  m = np.asarray(batch.completion_mask)
+  scored, _ = sol_rl.recompute_batch(cfg, teacher, batch, temperature=exp.rollout.temperature)
+  kl = (np.asarray(batch.behaviour_logprobs) - np.asarray(scored.old_logprobs)).reshape(-1, m.shape[-1])
+  m = m.reshape(-1, m.shape[-1])
+  live = np.where(m, kl, 0.0)
+  per_pos = live.sum(0) / np.maximum(m.sum(0), 1)
+  big = np.abs(live[m & (kl > 2)]).sum() / max(np.abs(live[m]).sum(), 1e-12)
+  return dict(kl_share(kl, m, windows), per_position=[round(float(x), 4) for x in per_pos],
+              tokens_per_position=[int(x) for x in m.sum(0)], big_token_share=float(big),
+              big_token_frac=float((m & (kl > 2)).sum() / max(m.sum(), 1)), rollouts=int(m.shape[0]))
 
 
 def warm_start_overrides(runs_dir: pathlib.Path, smoke: bool, teacher_steps: int) -> list[str]:
@@ -491,11 +566,12 @@ def main(argv=None):
   parser.add_argument("--teacher_steps", type=int, default=400)
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--arms", default=",".join(ARMS), help="arms to run (finished runs of the others are reported)")
-  parser.add_argument("--runs_dir", default=os.path.join(tempfile.gettempdir(), "rollouts_distill"))
+  parser.add_argument("--runs_dir", default=os.path.join(tempfile.gettempdir(), "rollouts_distill160"))
   parser.add_argument("--results_dir", default=str(RESULTS))
   parser.add_argument("--threads", type=int, default=1, help="CPU threads per training process (0: default)")
   parser.add_argument("--stop_at", default=None, help="HH:MM UTC after which no new run starts")
   parser.add_argument("--report_only", action="store_true")
+  parser.add_argument("--kl_profile", action="store_true", help="measure where the reverse KL sits and exit")
   parser.add_argument("--smoke", action="store_true", help="the arms' smoke variants, one seed (not a result)")
   args = parser.parse_args(argv)
   runs_dir = pathlib.Path(args.runs_dir) / ("smoke" if args.smoke else "")
@@ -511,6 +587,11 @@ def main(argv=None):
     gap_file.write_text(json.dumps(gap, indent=1))
     if args.gap:
       return
+  kl_file = runs_dir / "kl_profile.json"
+  if args.kl_profile:
+    kl_file.write_text(json.dumps(kl_profile(teacher_steps, smoke=args.smoke), indent=1))
+    return
+  kl = json.loads(kl_file.read_text()) if kl_file.exists() else None
   if str(teacher_steps) not in gap:
     gap.update(measure_gap([teacher_steps], smoke=args.smoke))
     gap_file.write_text(json.dumps(gap, indent=1))
@@ -521,7 +602,7 @@ def main(argv=None):
   seeds = 1 if args.smoke else args.seeds
   results, missing = [], []
   kw = dict(teacher_gap=gap, student_steps=student_steps, teacher_steps=teacher_steps, planned_seeds=seeds,
-            smoke=args.smoke, stem="distill" if not args.smoke else "distill_smoke")
+            smoke=args.smoke, stem="distill" if not args.smoke else "distill_smoke", kl=kl)
   for seed in range(seeds):
     for arm in ARMS:
       workdir = runs_dir / arm / f"seed{seed}"

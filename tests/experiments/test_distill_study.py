@@ -143,3 +143,16 @@ def test_outputs_are_written_and_the_table_names_every_arm(tmp_path):
   md = (tmp_path / "distill.md").read_text()
   for label in (ds.LABELS["opd"], ds.LABELS["esr"], "| 400 | teacher | 0.950", "adwin/seed0"):
     assert label in md
+
+
+def test_kl_share_is_monotone_in_the_window_and_whole_at_the_full_length():
+  rng = __import__("numpy").random.default_rng(0)
+  kl = rng.exponential(0.2, size=(16, 10))
+  lengths = rng.integers(3, 11, size=16)
+  mask = __import__("numpy").arange(10)[None, :] < lengths[:, None]
+  out = ds.kl_share(kl, mask, [1, 3, 6, 10])
+  shares = [out[k] for k in ("1", "3", "6", "10")]
+  assert shares == sorted(shares)
+  assert out["10"] == pytest.approx(1.0)
+  assert out["mean_length"] == pytest.approx(lengths.mean())
+  assert out["total"] == pytest.approx((kl * mask).sum(-1).mean())   # padding carries nothing

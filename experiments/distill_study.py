@@ -335,12 +335,12 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
       axes[0].plot([p[1] / 1e3 for p in c], [p[2] for p in c], **kw)
       axes[1].plot([p[0] for p in c], [p[2] for p in c], **kw)
   if kl:
-    pos = kl["per_position"]
+    pos = kl.get("mass_per_position") or kl["per_position"]
     axes[2].bar(range(len(pos)), pos, color="#8fb3d9", edgecolor="#35618f")
     for k in (12, 24):
       axes[2].axvline(k - 0.5, color="#d62728", ls=":", lw=1)
     axes[2].set_xlabel("completion position (dotted: ESR windows 12, 24)")
-    axes[2].set_ylabel("mean log p_student - log p_teacher")
+    axes[2].set_ylabel("reverse KL per rollout at the position")
     axes[2].set_title("reverse KL along the student's rollouts (warm start)", fontsize=8)
   for ax in axes[:2]:
     if teacher is not None:
@@ -467,7 +467,8 @@ def kl_profile(teacher_steps: int, *, num_prompts: int = 64, windows: Sequence[i
 
   Samples `rollout.num_samples` rollouts of `num_prompts` training prompts from the student
   warm start, scores each token under both policies (the pipeline's own scoring), and
-  returns the per-position mean reverse KL estimate, the share of the summed KL in the first
+  returns the per-position mean reverse KL estimate (over the rollouts that reach the position),
+  its mass per position (summed over rollouts, divided by their number), the share of the summed KL in the first
   k tokens (`kl_share`) and the share carried by tokens whose estimate exceeds 2 nats.
   """
   import jax  # pylint: disable=g-import-not-at-top
@@ -491,6 +492,7 @@ def kl_profile(teacher_steps: int, *, num_prompts: int = 64, windows: Sequence[i
   per_pos = live.sum(0) / np.maximum(m.sum(0), 1)
   big = np.abs(live[m & (kl > 2)]).sum() / max(np.abs(live[m]).sum(), 1e-12)
   return dict(kl_share(kl, m, windows), per_position=[round(float(x), 4) for x in per_pos],
+              mass_per_position=[round(float(x), 4) for x in live.sum(0) / m.shape[0]],
               tokens_per_position=[int(x) for x in m.sum(0)], big_token_share=float(big),
               big_token_frac=float((m & (kl > 2)).sum() / max(m.sum(), 1)), rollouts=int(m.shape[0]))
 

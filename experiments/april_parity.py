@@ -241,11 +241,12 @@ def _digits(column):
 
 
 def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, planned_seeds: int, missing: Sequence[str] = (),
-                  load: dict | None = None, plot: bool = True, stem: str = "april_parity") -> dict[str, Any]:
+                  load: dict | None = None, plot: bool = True, stem: str = "april_parity",
+                  note: str = "") -> dict[str, Any]:
   """Writes STEM.json and STEM.md (and STEM.png); returns the JSON document."""
   table = aggregate(results)
   held, reason = verdict(table)
-  doc = {"rule": RULE, "planned_seeds": planned_seeds, "held": held, "verdict": reason,
+  doc = {"note": note, "rule": RULE, "planned_seeds": planned_seeds, "held": held, "verdict": reason,
          "rollout_time_ratio_sync_over_april": ratio(table, "rollout s/step"),
          "padding_frac_ratio_sync_over_april": ratio(table, "padding frac"),
          "load": load or {}, "not_run": list(missing), "arms": table,
@@ -260,6 +261,7 @@ def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, planned_see
            "addition, 8 finished groups x 8 samples a step in both arms, 80 steps, no dynamic sampling; APRIL "
            "requests 12 groups a step (over_provision 0.5), stops at 8 finished and resumes the rest next "
            "step (rl.tis_cap 2). Held-out pass@1: 200 test prompts x 4 samples at temperature 1.", "",
+           *([note, ""] if note else []),
            f"Verdict: **parity {word}**. {reason}.", "", f"Rule: {RULE}.", "",
            "Rollout time per step, sync / APRIL: " + ("n/a" if r is None else f"{r:.2f}x") +
            " (this CPU; see the load below).", "",
@@ -391,8 +393,8 @@ def _past(stop_at: str | None) -> bool:
 
 
 def run_all(*, seeds: int, runs_dir: pathlib.Path, results_dir: pathlib.Path, threads: int = 1,
-            stop_at: str | None = None, report_only: bool = False, plot: bool = True,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
+            stop_at: str | None = None, report_only: bool = False, plot: bool = True, stem: str = "april_parity",
+            note: str = "", log: Callable[[str], None] = print) -> dict[str, Any]:
   """Runs every arm x seed (seed-major, one process at a time) and writes the outputs."""
   env = child_env(threads, runs_dir / "jax_cache")
   results, missing, overrides = [], [], None
@@ -416,9 +418,11 @@ def run_all(*, seeds: int, runs_dir: pathlib.Path, results_dir: pathlib.Path, th
         log(str(e))
         missing.append(f"{arm}/seed{seed} (failed)")
       load = {f"{r['arm']}/seed{r['seed']}": r["load1"] for r in results if r.get("load1")}
-      write_outputs(results, results_dir, planned_seeds=seeds, missing=missing, load=load, plot=False)
+      write_outputs(results, results_dir, planned_seeds=seeds, missing=missing, load=load, plot=False, stem=stem,
+                    note=note)
   load = {f"{r['arm']}/seed{r['seed']}": r["load1"] for r in results if r.get("load1")}
-  return write_outputs(results, results_dir, planned_seeds=seeds, missing=missing, load=load, plot=plot)
+  return write_outputs(results, results_dir, planned_seeds=seeds, missing=missing, load=load, plot=plot, stem=stem,
+                       note=note)
 
 
 def main(argv=None):
@@ -430,9 +434,12 @@ def main(argv=None):
   parser.add_argument("--stop_at", default=None, help="HH:MM UTC after which no new run starts")
   parser.add_argument("--report_only", action="store_true", help="no training: tables from finished runs")
   parser.add_argument("--no_plot", action="store_true")
+  parser.add_argument("--stem", default="april_parity", help="output file names: STEM.{json,md,png}")
+  parser.add_argument("--note", default="", help="a line for the report (e.g. which code ran)")
   args = parser.parse_args(argv)
   doc = run_all(seeds=args.seeds, runs_dir=pathlib.Path(args.runs_dir), results_dir=pathlib.Path(args.results_dir),
-                threads=args.threads, stop_at=args.stop_at, report_only=args.report_only, plot=not args.no_plot)
+                threads=args.threads, stop_at=args.stop_at, report_only=args.report_only, plot=not args.no_plot,
+                stem=args.stem, note=args.note)
   print(f"{doc['verdict']} -> held={doc['held']}")
 
 

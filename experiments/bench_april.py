@@ -13,7 +13,19 @@ steps, after warm-up steps that compile): rollout time per step and its ratio, t
 fraction of the decode loop (row-steps that produced no token: the accelerator-idle proxy),
 tokens decoded per step, and APRIL's accounting (groups started = groups used + groups still
 stored, so nothing is dropped) and its off-policy token share. The policy is not updated
-here (pure rollout cost); learning parity is a training run of the two configs.
+here (pure rollout cost); learning parity is `experiments/april_parity.py`.
+
+Then the continuation itself, on one APRIL request taken from the pipeline after the timed
+steps (the store's unfinished groups first, then fresh prompts, prefixes cut to the
+pipeline's width), alternating the two formulations `--cont_reps` times each:
+
+* shared prompt (`sampling.continue_from`): each prompt prefilled once, only the rows that
+  still run put their prefixes through the model, the N rows of a prompt decoding against
+  its keys stored once;
+* re-prefill (the earlier formulation, rebuilt here): every row is its own prompt
+  (prompt + prefix, bucketed) and is prefilled and decoded alone.
+
+It prints the ratio re-prefill / shared-prompt time and checks that both give the same rows.
 
   python experiments/bench_april.py                      # configs/countdown_april.py
   python experiments/bench_april.py --steps=4 --warmup=1 --allow_busy   # a quick look
@@ -32,12 +44,97 @@ flags.DEFINE_string("config", os.path.join(os.path.dirname(__file__), "..", "con
 flags.DEFINE_float("over_provision", 0.0, "APRIL's over-provisioning (0: the config's rollout.over_provision).")
 flags.DEFINE_integer("steps", 8, "Timed steps per side.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per side first (compilation, the APRIL store filling up).")
+flags.DEFINE_integer("cont_reps", 5, "Timed calls per continuation formulation (0: skip that part).")
 flags.DEFINE_float("max_load", 1.0, "Refuse to start above this 1-minute load average.")
 flags.DEFINE_bool("allow_busy", False, "Run (and report) even when the machine is busy.")
 flags.DEFINE_string("json", os.path.join(os.path.dirname(__file__), "results", "bench_april.json"), "Output file.")
 
 
-def run(config_path: str, steps: int, warmup: int, over_provision: float = 0.0) -> dict:
+def _reprefill_continue(cfg, params, req, L, key, conf, stop_after_groups):
+  """The earlier continuation: each row is its own prompt (prompt + prefix), prefilled and decoded alone.
+
+  Returns the new tokens [B, N, T] (token j of row r is its completion position len_r + j).
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import sampling, sharding  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.sampling import sampler  # pylint: disable=g-import-not-at-top
+  ids, pmask = np.asarray(req.prompt_ids), np.asarray(req.prompt_mask)
+  pre, pm = np.asarray(req.completion_ids)[..., :L], np.asarray(req.completion_mask)[..., :L]
+  B, N, _ = pre.shape
+  T = conf.max_new_tokens
+  lengths = pm.sum(-1)
+  done = np.asarray(sampling.finished_rows(req.completion_ids, req.completion_mask, conf)) | ~np.asarray(
+      req.sample_mask)
+  rows = np.concatenate([np.repeat(ids, N, 0), np.where(pm, pre, 0).reshape(B * N, L)], 1)
+  rmask = np.concatenate([np.repeat(pmask, N, 0), pm.reshape(B * N, L)], 1)
+  shift = (np.arange(rows.shape[1])[None] - (L - lengths.reshape(-1))[:, None]) % rows.shape[1]
+  rows, rmask = np.take_along_axis(rows, shift, 1), np.take_along_axis(rmask, shift, 1)   # padding to the left
+  rows, rmask = sampling.left_pad_to(rows, rmask, sampling.bucket_length(rows.shape[1], conf.prompt_buckets),
+                                     conf.pad_id)
+  limit = np.where(done, 0, T - lengths).reshape(-1)
+  out = sampler._sample_jit(cfg, conf.replace(num_samples=1, sample_chunk=1), params,  # pylint: disable=protected-access
+                            jnp.asarray(rows, jnp.int32), jnp.asarray(rmask), key, sharding.current_context(),
+                            row_ids=jnp.arange(B * N, dtype=jnp.int32), offset_R=jnp.asarray(lengths.reshape(-1)),
+                            limit_R=jnp.asarray(limit), stop_groups=(N, stop_after_groups))
+  return out.completion_ids.reshape(B, N, T), out.completion_mask.reshape(B, N, T)
+
+
+def continuation(pipe, state, cfg, params, reps: int, key) -> dict:
+  """Times one APRIL request's continuation both ways (alternating); returns medians and agreement."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import sampling  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.sampling.batch import RolloutBatch  # pylint: disable=g-import-not-at-top
+  conf, N, B = pipe.sampling_config, pipe.num_samples, pipe.batch_size
+  T = conf.max_new_tokens
+  got, _ = pipe.partial.sample(state.partial, None, pipe.partial_requests)
+  got = jax.device_get(got)
+  resumed = got.take(np.flatnonzero(np.asarray(got.prompt_index) >= 0))
+  n_new = pipe.partial_requests - resumed.prompt_ids.shape[0]
+  P = resumed.prompt_ids.shape[1]
+  ids, mask = pipe.prompter(pipe.examples[:n_new])
+  ids, mask = sampling.left_pad_to(np.asarray(ids), np.asarray(mask), P, conf.pad_id)
+  fresh = RolloutBatch.empty(n_new, N, P, T).replace(
+      prompt_ids=ids.astype(np.int32), prompt_mask=mask.astype(bool), prompt_index=np.arange(n_new, dtype=np.int32),
+      sample_mask=np.ones((n_new, N), bool), entropy=np.zeros((n_new, N, T), np.float32))
+  req = jax.device_get(sampling.concat([resumed, fresh]) if resumed.prompt_ids.shape[0] else fresh)
+  was = np.asarray(req.completion_mask)
+  done = np.asarray(sampling.finished_rows(req.completion_ids, was, conf)) | ~np.asarray(req.sample_mask)
+  L = next(w for w in (max(T // 4, 1), max(T // 2, 1), T) if w >= int(was.sum(-1).max(initial=0)))
+
+  def shared():
+    out = sampling.continue_from(cfg, params, req.prompt_ids, req.prompt_mask, np.asarray(req.completion_ids)[..., :L],
+                                 was[..., :L], key, conf, finished=done, stop_after_groups=B)
+    return jax.block_until_ready(out)
+
+  def reprefill():
+    return jax.block_until_ready(_reprefill_continue(cfg, params, req, L, key, conf, B))
+
+  a, (b_ids, b_mask) = shared(), reprefill()   # compile both
+  times = {"shared": [], "reprefill": []}
+  for _ in range(reps):
+    for name, fn in (("shared", shared), ("reprefill", reprefill)):
+      t0 = time.perf_counter()
+      fn()
+      times[name].append(time.perf_counter() - t0)
+  # The same rows: the re-prefill output holds row r's new tokens from index 0, the shared-prompt
+  # output holds the whole completion (prefix first).
+  t = np.arange(T)
+  in_prefix = t < was[..., :L].sum(-1)[..., None]
+  src = np.clip(t - was[..., :L].sum(-1)[..., None], 0, T - 1)
+  old_mask = in_prefix | np.take_along_axis(np.asarray(b_mask), src, -1)
+  old_ids = np.where(in_prefix, np.asarray(req.completion_ids), np.take_along_axis(np.asarray(b_ids), src, -1))
+  new_ids, new_mask = np.asarray(a.completion_ids), np.asarray(a.completion_mask)
+  same = ((old_mask == new_mask) & (np.where(old_mask, old_ids, 0) == np.where(new_mask, new_ids, 0))).all(-1)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  return {"groups": int(req.prompt_ids.shape[0]), "resumed_groups": int(resumed.prompt_ids.shape[0]),
+          "rows_resuming": int((was.any(-1) & ~done).sum()), "prefix_width": L, "reps": reps,
+          "shared_s": med["shared"], "reprefill_s": med["reprefill"], "times": times,
+          "ratio_reprefill_over_shared": med["reprefill"] / med["shared"], "same_rows": float(same.mean())}
+
+
+def run(config_path: str, steps: int, warmup: int, over_provision: float = 0.0, cont_reps: int = 0) -> dict:
   import dataclasses  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -84,6 +181,9 @@ def run(config_path: str, steps: int, warmup: int, over_provision: float = 0.0) 
       "groups_started": started, "groups_used": used,
       "groups_in_store_at_end": int(np.asarray(april_state.valid).sum()),
       "off_policy_token_frac": statistics.median(r["off_policy"] for r in rec["april"])}
+  if cont_reps:
+    out["continuation"] = continuation(sides["april"], states["april"], cfg, params, cont_reps,
+                                       jax.random.key(warmup + steps))
   return out
 
 
@@ -93,7 +193,7 @@ def main(argv):
   if load1 > FLAGS.max_load and not FLAGS.allow_busy:
     raise SystemExit(f"1-minute load average {load1:.2f} > {FLAGS.max_load}: other processes are using the CPU. "
                      "Wait, or pass --allow_busy.")
-  out = run(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.over_provision)
+  out = run(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.over_provision, FLAGS.cont_reps)
   out["load1_at_start"], out["load1_at_end"] = load1, os.getloadavg()[0]
   os.makedirs(os.path.dirname(FLAGS.json), exist_ok=True)
   with open(FLAGS.json, "w") as f:
@@ -109,6 +209,12 @@ def main(argv):
   print(f"  tokens decoded/step sync {s['tokens']:.0f}   april {a['tokens']:.0f}   (finished groups/step: "
         f"{s['groups']:.0f} vs {a['groups']:.0f})")
   print(f"  APRIL accounting: {out['april_accounting']}")
+  c = out.get("continuation")
+  if c:
+    print(f"  continuation of one request ({c['groups']} groups, {c['resumed_groups']} resumed, {c['rows_resuming']} "
+          f"rows resuming, prefix width {c['prefix_width']}; median of {c['reps']}): re-prefill {c['reprefill_s']:.3f}s"
+          f"   shared prompt {c['shared_s']:.3f}s   ratio {c['ratio_reprefill_over_shared']:.2f}x   "
+          f"same rows {c['same_rows']:.3f}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import numpy as np
 from rollouts_jax import models
 from rollouts_jax import sharding
 from rollouts_jax.kernels import decode_attention
+from rollouts_jax.kernels.decode_attention import reference as _cascade
 from rollouts_jax.models import ModelConfig, Params
 from rollouts_jax.models import transformer as _tf
 
@@ -613,27 +614,214 @@ def finished_rows(completion_ids, completion_mask, config: SamplingConfig):
   return done
 
 
-@jax.jit
-def _combine_prefixes(prompt_ids_BxP, prompt_mask_BxP, prefix_ids_BxNxL, prefix_mask_BxNxL):
-  """[B*N, P+L] left-padded rows holding each sample's prompt followed by its prefix."""
-  B, N, L = prefix_ids_BxNxL.shape
-  P = prompt_ids_BxP.shape[1]
-  ids = jnp.concatenate([jnp.repeat(prompt_ids_BxP, N, axis=0), prefix_ids_BxNxL.reshape(B * N, L)], axis=1)
-  mask = jnp.concatenate([jnp.repeat(prompt_mask_BxP, N, axis=0), prefix_mask_BxNxL.reshape(B * N, L)], axis=1)
-  lengths = prefix_mask_BxNxL.reshape(B * N, L).sum(-1)
-  # Roll each row right by its prefix's padding, so the padding moves to the left.
-  src = (jnp.arange(P + L)[None, :] - (L - lengths)[:, None]) % (P + L)
-  return jnp.take_along_axis(ids, src, axis=1), jnp.take_along_axis(mask, src, axis=1)
+def _two_part_softmax(s1, s2):
+  """Softmax over the concatenation of two score sets (last axis), returned as its two parts."""
+  m = jnp.maximum(jnp.max(s1, axis=-1, keepdims=True), jnp.max(s2, axis=-1, keepdims=True))
+  p1, p2 = jnp.exp(s1 - m), jnp.exp(s2 - m)
+  total = jnp.sum(p1, axis=-1, keepdims=True) + jnp.sum(p2, axis=-1, keepdims=True)
+  return p1 / total, p2 / total
 
 
-@jax.jit
-def _assemble(prefix_BxNxL, lengths_BxN, new_BxNxT):
-  """Each row's prefix followed by its new tokens, cut to T."""
-  L, T = prefix_BxNxL.shape[-1], new_BxNxT.shape[-1]
-  t = jnp.arange(T)
-  from_new = jnp.take_along_axis(new_BxNxT, jnp.clip(t - lengths_BxN[..., None], 0, T - 1), axis=-1)
-  padded = jnp.pad(prefix_BxNxL, ((0, 0), (0, 0), (0, T - L))) if T > L else prefix_BxNxL
-  return jnp.where(t < lengths_BxN[..., None], padded.astype(new_BxNxT.dtype), from_new)
+def _prefix_forward(cfg: ModelConfig, params: Params, prompt_k, prompt_v, prompt_mask, start_R, tokens_RxL, mask_RxL):
+  """Rows' prefixes through the model, each attending to its prompt's keys and causally to itself.
+
+  Args:
+    cfg, params: the model.
+    prompt_k, prompt_v: per layer [R, K, P, Dh], each row's prompt keys / values (post-rotary).
+    prompt_mask: bool [R, P].
+    start_R: int32 [R], the rotary position of each row's first prefix token.
+    tokens_RxL, mask_RxL: the prefixes, left-aligned.
+  Returns:
+    (keys per layer [R, K, Dh, L], values per layer [R, K, L, Dh], float32 logits [R, V]
+    after each row's last prefix token).
+  """
+  R, L = tokens_RxL.shape
+  K, G, Dh = cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
+  positions = start_R[:, None] + jnp.arange(L)[None, :]
+  own_RxLxL = jnp.tril(jnp.ones((L, L), bool))[None] & mask_RxL[:, None, :]
+  x = _tf._embed(params, tokens_RxL, _tf._activation_dtype(params))  # pylint: disable=protected-access
+  scale = Dh ** -0.5
+  kts, vs = [], []
+  for l in range(cfg.num_layers):
+    lp = jax.tree.map(lambda a, l=l: a[l], params["layers"])
+    q, k, v = _tf._qkv(cfg, lp, x, positions)  # pylint: disable=protected-access
+    kts.append(jnp.transpose(k, (0, 2, 3, 1)))
+    vs.append(jnp.transpose(v, (0, 2, 1, 3)))
+    qr = q.reshape(R, L, K, G, Dh)
+    s1 = jnp.einsum("rlkgd,rkpd->rklgp", qr, prompt_k[l].astype(q.dtype), preferred_element_type=jnp.float32)
+    s1 = jnp.where(prompt_mask[:, None, None, None, :], s1 * scale, _cascade.NEG_INF)
+    s2 = jnp.einsum("rlkgd,rskd->rklgs", qr, k, preferred_element_type=jnp.float32)
+    s2 = jnp.where(own_RxLxL[:, None, :, None, :], s2 * scale, _cascade.NEG_INF)
+    p1, p2 = _two_part_softmax(s1, s2)
+    o = (jnp.einsum("rklgp,rkpd->rlkgd", p1, prompt_v[l].astype(jnp.float32))
+         + jnp.einsum("rklgs,rskd->rlkgd", p2, v.astype(jnp.float32)))
+    x = _tf._finish_layer(cfg, lp, x, o.reshape(R, L, K * G * Dh).astype(x.dtype))  # pylint: disable=protected-access
+  last = jnp.maximum(jnp.sum(mask_RxL, axis=1) - 1, 0)
+  h = jnp.take_along_axis(x, last[:, None, None], axis=1)
+  return tuple(kts), tuple(vs), models.unembed(cfg, params, h)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _prompt_prefill_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask):
+  """Each prompt prefilled once: keys / values per layer [B, K, P, Dh], logits [B, V], lengths [B]."""
+  B, P = prompt_ids.shape
+  cache_dtype = jnp.dtype(config.cache_dtype) if config.cache_dtype else params["embed"].dtype
+  cache = models.init_cache(cfg, B, P, cache_dtype)
+  logits, cache = models.forward_with_cache(cfg, params, jnp.where(prompt_mask, prompt_ids, 0), cache, prompt_mask,
+                                            last_only=True)
+  to_heads = lambda x: tuple(jnp.transpose(x[l], (0, 2, 1, 3)) for l in range(cfg.num_layers))
+  return to_heads(cache.k), to_heads(cache.v), logits[:, 0], cache.next_pos
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("slots",))
+def _resume_rows_jit(cfg: ModelConfig, params: Params, prompt_k, prompt_v, prompt_mask, next_pos, first_BxV, rows_M,
+                     prefix_ids_RxL, prefix_mask_RxL, *, slots: int):
+  """Where resumed rows start decoding: their prefixes' keys / values and the logits after them.
+
+  Only rows `rows_M` (an index of R marks an unused entry) run their prefix, against their
+  prompt's keys; the result fills generated slots [0, L) of [R, K, Dh, slots] buffers. Every
+  other row keeps empty buffers and its prompt's next-token logits.
+  """
+  B = prompt_mask.shape[0]
+  R, L = prefix_ids_RxL.shape
+  N = R // B
+  b_M = jnp.minimum(rows_M, R - 1) // N
+  take = lambda x: jnp.take(x, rows_M, axis=0, mode="clip")
+  kts, vs, logits = _prefix_forward(cfg, params, tuple(x[b_M] for x in prompt_k), tuple(x[b_M] for x in prompt_v),
+                                    prompt_mask[b_M], next_pos[b_M], take(prefix_ids_RxL), take(prefix_mask_RxL))
+  K, Dh, dtype = cfg.num_kv_heads, cfg.head_dim, prompt_k[0].dtype
+  put = lambda shape, val: jnp.zeros(shape, dtype).at[rows_M].set(val.astype(dtype), mode="drop")
+  kt = tuple(put((R, K, Dh, slots), jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, slots - L)))) for x in kts)
+  v = tuple(put((R, K, slots, Dh), jnp.pad(x, ((0, 0), (0, 0), (0, slots - L), (0, 0)))) for x in vs)
+  first = jnp.repeat(first_BxV, N, axis=0).at[rows_M].set(logits, mode="drop")
+  return kt, v, first
+
+
+def _row_suffix_attention(q, kt, v, valid_RxS):
+  """Each row's attention to its own generated slots where `valid` (like the cascade's suffix part).
+
+  Returns:
+    (out [B, N, K, G, D] float32, lse [B, N, K, G]).
+  """
+  B, N, K, G, D = q.shape
+  qr = q.reshape(B * N, K, G, D).astype(jnp.float32)
+  s = jnp.sum(qr[..., None] * kt[:, :, None].astype(jnp.float32), axis=3) * (D ** -0.5)   # [R, K, G, S]
+  s = jnp.where(valid_RxS[:, None, None, :], s, _cascade.NEG_INF)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  p = jnp.exp(s - m)
+  l = jnp.sum(p, axis=-1)
+  o = jnp.sum(p[..., None] * v[:, :, None].astype(jnp.float32), axis=3) / l[..., None]
+  return o.reshape(B, N, K, G, D), (m[..., 0] + jnp.log(l)).reshape(B, N, K, G)
+
+
+def _resume_step(cfg: ModelConfig, config: SamplingConfig, params: Params, prefix: _Prefix, row_keys_R: jax.Array,
+                 state: _DecodeState) -> _DecodeState:
+  """One decoding step of resumed rows: row r writes completion position offset_r + step.
+
+  The generated buffers hold each row's completion by position (its prefix in the first
+  slots), so rows of one prompt resume from different lengths while still sharing the
+  prompt's keys; writes past a buffer (rows already done) are dropped.
+  """
+  B = prefix.mask.shape[0]
+  R = row_keys_R.shape[0]
+  n, K, G, Dh = R // B, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
+  pos = prefix.offset_R + state.step
+  token, lp, plp, ent = _choose_u(state.logits_RxV, _row_uniforms(row_keys_R, pos), config)
+  live = ~state.done_R
+  token = jnp.where(live, token, config.pad_id)
+  rows = jnp.arange(R)
+  put = lambda buf, val: buf.at[rows, pos].set(val, mode="drop")
+  done = state.done_R | (pos + 1 >= config.max_new_tokens)
+  if config.eos_ids:
+    done = done | jnp.isin(token, jnp.asarray(config.eos_ids, jnp.int32))
+  x = _tf._embed(params, token[:, None], _tf._activation_dtype(params))  # pylint: disable=protected-access
+  positions = (prefix.positions_R + pos)[:, None]
+  valid = jnp.arange(state.kt[0].shape[-1])[None, :] <= pos[:, None]
+  kts, vs = list(state.kt), list(state.v)
+  for l, lp_l in enumerate(prefix.layers):
+    q, k, v = _tf._qkv(cfg, lp_l, x, positions)  # pylint: disable=protected-access
+    kts[l] = kts[l].at[rows, :, :, pos].set(k[:, 0].astype(kts[l].dtype), mode="drop")
+    vs[l] = vs[l].at[rows, :, pos, :].set(v[:, 0].astype(vs[l].dtype), mode="drop")
+    qg = q.reshape(B, n, K, G, Dh)
+    o1, lse1 = _cascade.prefix_part(qg, prefix.k[l].astype(q.dtype), prefix.v[l].astype(q.dtype), prefix.mask)
+    o2, lse2 = _row_suffix_attention(qg, kts[l], vs[l], valid)
+    attn, _ = _cascade.merge(o1, lse1, o2, lse2)
+    x = _tf._finish_layer(cfg, lp_l, x, attn.reshape(R, 1, -1).astype(x.dtype))  # pylint: disable=protected-access
+  zero = jnp.zeros_like(lp)
+  return _DecodeState(
+      step=state.step + 1, kt=tuple(kts), v=tuple(vs), logits_RxV=models.unembed(cfg, params, x)[:, 0],
+      tokens_RxT=put(state.tokens_RxT, token),
+      logprobs_RxT=put(state.logprobs_RxT, jnp.where(live, lp, zero)),
+      policy_logprobs_RxT=put(state.policy_logprobs_RxT, jnp.where(live, plp, zero)),
+      entropy_RxT=put(state.entropy_RxT, jnp.where(live, ent, zero)),
+      mask_RxT=put(state.mask_RxT, live), done_R=done)
+
+
+def _resume_views(max_new_tokens: int, prefix_len: int, segments: int) -> tuple[int, ...]:
+  """`cache_views` starting at the first view that holds the prefix columns.
+
+  >>> _resume_views(40, 0, 4), _resume_views(40, 20, 4), _resume_views(40, 40, 4)
+  ((16, 32, 40), (32, 40), (40,))
+  """
+  views = cache_views(max_new_tokens, segments)
+  first = next((v for v in views if v >= max(prefix_len, 1)), max_new_tokens)
+  return (first,) + tuple(v for v in views if v > first)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("shard_ctx", "stop_groups"))
+def _resume_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_k, prompt_v, prompt_mask, next_pos,
+                kt, v, first_RxV, prefix_ids, prefix_mask, prefix_lp, prefix_plp, prefix_ent, done_BxN, key,
+                shard_ctx: sharding.ShardingContext | None = None, stop_groups: tuple[int, int] | None = None):
+  """Decodes resumed rows [B, N] against their prompts' shared keys; returns the SampleOutput."""
+  B, N, L = prefix_ids.shape
+  R, T = B * N, config.max_new_tokens
+  views = _resume_views(T, L, config.length_segments)
+  layers = tuple(jax.tree.map(lambda a, l=l: a[l], params["layers"]) for l in range(cfg.num_layers))
+  lengths = jnp.sum(prefix_mask, axis=-1, dtype=jnp.int32).reshape(R)
+  pad_T = lambda x: jnp.pad(x.reshape(R, L), ((0, 0), (0, T - L)))
+  row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(R, dtype=jnp.int32))
+  kv_axes = ("batch", "kv_heads", "seq", "head_dim")
+  heads = lambda xs: tuple(sharding.constrain(x, kv_axes, shard_ctx) for x in xs)
+  prefix = _Prefix(layers=layers, k=heads(prompt_k), v=heads(prompt_v), mask=prompt_mask,
+                   positions_R=jnp.repeat(next_pos, N), offset_R=lengths)
+  state = _DecodeState(
+      step=jnp.zeros((), jnp.int32), kt=kt, v=v, logits_RxV=first_RxV,
+      tokens_RxT=jnp.where(pad_T(prefix_mask), pad_T(prefix_ids), config.pad_id),
+      logprobs_RxT=pad_T(prefix_lp), policy_logprobs_RxT=pad_T(prefix_plp), entropy_RxT=pad_T(prefix_ent),
+      mask_RxT=pad_T(prefix_mask), done_R=done_BxN.reshape(R) | (lengths >= T))
+
+  def running(s):
+    if stop_groups is None:
+      return ~jnp.all(s.done_R)
+    group_size, target = stop_groups
+    finished = jnp.sum(jnp.all(s.done_R.reshape(-1, group_size), axis=1))
+    return (finished < target) & ~jnp.all(s.done_R)
+
+  body = functools.partial(_resume_step, cfg, config, params, prefix, row_keys)
+  kt_axes, v_axes = ("batch", "kv_heads", "head_dim", "seq"), ("batch", "kv_heads", "seq", "head_dim")
+  for i, view in enumerate(views):
+    if i:   # the generated-token buffers grow between segments, as in `_decode`
+      grow = view - views[i - 1]
+      state = state.replace(kt=tuple(jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, grow))) for x in state.kt),
+                            v=tuple(jnp.pad(x, ((0, 0), (0, 0), (0, grow), (0, 0))) for x in state.v))
+    state = state.replace(kt=tuple(sharding.constrain(x, kt_axes, shard_ctx) for x in state.kt),
+                          v=tuple(sharding.constrain(x, v_axes, shard_ctx) for x in state.v))
+    # A segment ends when the furthest running row would write past its buffers.
+    cond = lambda s, view=view: running(s) & (jnp.max(jnp.where(s.done_R, -1, prefix.offset_R + s.step)) < view)
+    state = jax.lax.while_loop(cond, body, state)
+  g = lambda x: x.reshape(B, N, T)
+  return SampleOutput(completion_ids=g(state.tokens_RxT), completion_mask=g(state.mask_RxT),
+                      logprobs=g(state.logprobs_RxT), policy_logprobs=g(state.policy_logprobs_RxT),
+                      entropy=g(state.entropy_RxT), lengths=jnp.sum(g(state.mask_RxT), axis=-1, dtype=jnp.int32))
+
+
+def _resume_bucket(rows: int, total: int) -> int:
+  """Rows whose prefixes run are padded to a power of two (at least 8, at most `total`).
+
+  >>> _resume_bucket(3, 96), _resume_bucket(20, 96), _resume_bucket(90, 96)
+  (8, 32, 96)
+  """
+  return min(max(8, 1 << max(int(rows) - 1, 0).bit_length()), int(total))
 
 
 def continue_from(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, prefix_ids, prefix_mask,
@@ -647,6 +835,13 @@ def continue_from(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, pre
   tokens of `sample(..., key, config)` under the same params draws the same uniforms the
   uninterrupted sample did (the tokens then agree up to the numerics of a prefill against
   a decode). A fresh prompt is a continuation from an empty prefix.
+
+  Cost: each prompt is prefilled once; only the rows that hold a prefix and still run put
+  their prefix through the model, against their prompt's keys (in a power-of-two bucket of
+  rows); then the N rows of a prompt decode together against the prompt's keys stored once
+  (cascade attention, the XLA form whatever `attention_implementation` says), each row
+  writing its own completion positions. Memory grows with B * N (`sample_chunk` does not
+  apply).
 
   Args:
     cfg, params: the model (the policy that now continues the rows).
@@ -707,34 +902,32 @@ def continue_from(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, pre
     raise ValueError("prefix_mask must be True on a left-aligned run of each row (no gap after the first "
                      "False); right-pad the prefixes.")
   _check_prompts(cfg, config, prompt_ids, prompt_mask)
-  lengths = jnp.asarray(pm.sum(-1), jnp.int32)
   prefix_ids = jnp.where(pm, jnp.asarray(prefix_ids, jnp.int32), 0)
   done = finished_rows(prefix_ids, jnp.asarray(pm), config)
   if finished is not None:
     done = done | jnp.asarray(finished, bool)
-  ids, mask = _combine_prefixes(jnp.asarray(prompt_ids, jnp.int32), jnp.asarray(prompt_mask, bool),
-                                prefix_ids, jnp.asarray(pm))
-  width = int(ids.shape[1])
-  # Prompt + prefix rows are bucketed like prompts (beyond the largest bucket: to a multiple
-  # of 64), so a stream of ragged prefixes compiles once per bucket.
-  width = (bucket_length(width, config.prompt_buckets) if width <= max(config.prompt_buckets, default=0)
-           else -(-width // 64) * 64)
-  ids, mask = left_pad_to(ids, mask, width, config.pad_id)
-  limit = jnp.where(done, 0, T - lengths).reshape(-1)
-  inner = config.replace(num_samples=1, sample_chunk=1)
+  ids, mask = left_pad_to(prompt_ids, prompt_mask, bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets),
+                          config.pad_id)
+  ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, bool)
+  # Each prompt is prefilled once; its N rows decode against its keys together.
+  prompt_k, prompt_v, first, next_pos = _prompt_prefill_jit(cfg, config, params, ids, mask)
+  R = B * N
+  slots = _resume_views(T, L, config.length_segments)[0]
+  # Only rows that hold a prefix and still run need their prefix's keys and values.
+  resume = np.flatnonzero((pm.any(-1) & ~np.asarray(jax.device_get(done))).reshape(-1))
+  if resume.size:
+    rows = np.full((_resume_bucket(resume.size, R),), R, np.int32)
+    rows[:resume.size] = resume
+    kt, v, first = _resume_rows_jit(cfg, params, prompt_k, prompt_v, mask, next_pos, first, jnp.asarray(rows),
+                                    prefix_ids.reshape(R, L), jnp.asarray(pm.reshape(R, L)), slots=slots)
+  else:
+    K, Dh = cfg.num_kv_heads, cfg.head_dim
+    kt = tuple(jnp.zeros((R, K, Dh, slots), prompt_k[0].dtype) for _ in range(cfg.num_layers))
+    v = tuple(jnp.zeros((R, K, slots, Dh), prompt_k[0].dtype) for _ in range(cfg.num_layers))
+    first = jnp.repeat(first, N, axis=0)
+  given = lambda x: (jnp.zeros((B, N, L), jnp.float32) if x is None
+                     else jnp.where(pm, jnp.asarray(x, jnp.float32), 0.0))
   stop = (N, int(stop_after_groups)) if stop_after_groups else None
-  out = _sample_jit(cfg, inner, params, ids, mask, key, sharding.current_context(),
-                    row_ids=jnp.arange(B * N, dtype=jnp.int32), offset_R=lengths.reshape(-1), limit_R=limit,
-                    stop_groups=stop)
-  grouped = lambda x: x.reshape(B, N, T)
-  keep = lambda given, new: _assemble(jnp.zeros((B, N, L), new.dtype) if given is None
-                                      else jnp.where(pm, jnp.asarray(given, new.dtype), 0), lengths, grouped(new))
-  tokens = _assemble(prefix_ids, lengths, grouped(out.completion_ids))
-  new_mask = grouped(out.completion_mask)
-  completion_mask = _assemble(jnp.asarray(pm), lengths, new_mask)
-  tokens = jnp.where(completion_mask, tokens, config.pad_id)
-  return SampleOutput(completion_ids=tokens, completion_mask=completion_mask,
-                      logprobs=keep(prefix_logprobs, out.logprobs),
-                      policy_logprobs=keep(prefix_policy_logprobs, out.policy_logprobs),
-                      entropy=keep(prefix_entropy, out.entropy),
-                      lengths=jnp.sum(completion_mask, axis=-1, dtype=jnp.int32))
+  return _resume_jit(cfg, config, params, prompt_k, prompt_v, mask, next_pos, kt, v, first, prefix_ids,
+                     jnp.asarray(pm), given(prefix_logprobs), given(prefix_policy_logprobs), given(prefix_entropy),
+                     done, key, shard_ctx=sharding.current_context(), stop_groups=stop)

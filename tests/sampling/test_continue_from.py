@@ -114,6 +114,25 @@ def test_stop_after_groups_then_resume_is_the_uninterrupted_sample():
   assert np.asarray(sampling.finished_rows(resumed.completion_ids, resumed.completion_mask, conf)).all()
 
 
+def test_one_resumed_row_among_fresh_and_finished_rows_is_the_uninterrupted_sample():
+  """Only rows that hold a prefix and still run are re-read (padded to a bucket of rows); the
+  others start from their prompt, sharing its keys, and every row is the uninterrupted sample."""
+  ids, mask = _prompts()
+  key = jax.random.key(3)
+  full = sampling.sample(CFG, PARAMS, ids, mask, key, CONF)
+  lengths = np.asarray(full.lengths)
+  cut = np.zeros_like(lengths)
+  cut[1, 2] = min(4, lengths[1, 2] - 1)     # the one row that resumes mid-way
+  cut[0, 0] = lengths[0, 0]                 # a row handed over complete
+  pre_ids, pre_mask, pre_lp = _cut(full, cut)
+  out = sampling.continue_from(CFG, PARAMS, ids, mask, pre_ids, pre_mask, key, CONF, prefix_logprobs=pre_lp)
+  same = (np.asarray(out.completion_ids) == np.asarray(full.completion_ids)).all(-1)
+  assert same.mean() >= 0.9, same
+  assert same[1, 2] and same[0, 0] and same[-1, -1]
+  np.testing.assert_array_equal(np.asarray(out.lengths)[same], lengths[same])
+  np.testing.assert_allclose(np.asarray(out.logprobs)[same], np.asarray(full.logprobs)[same], atol=2e-4)
+
+
 def test_bad_inputs_have_clear_errors():
   ids, mask = _prompts()
   pre = np.ones((3, 2, 4), np.int32)

@@ -18,12 +18,16 @@ study's metrics as mean +- spread over seeds (spread: the sample standard deviat
 ddof=1), the per-seed values, the run's compute (rollouts, generated tokens, sampling and
 update seconds, wall time), a verdict on the paper's claim under a stated rule, and how the
 miniature differs from the paper. `--smoke` runs every arm once with the config's `smoke`
-variant (one RL step of a tiny model) in this process, for the test suite.
+variant (one RL step of a tiny model) in this process. The test suite's smoke form also
+starts every study from one shared, randomly initialised policy (`random_warm_start`) and
+keeps compiled programs in a persistent cache (`persistent_compile_cache`), so that arms
+whose programs agree compile them once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -64,11 +68,6 @@ class Study:
   rule: str
   miniature: str
   extra: tuple[str, ...] = ()
-
-  @property
-  def headline_arms(self) -> tuple[str, ...]:
-    """The two arms of the claim's main comparison (the test suite's smoke subset)."""
-    return self.arms[:2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,7 +317,82 @@ def warm_start_overrides(study: Study, smoke: bool, env: dict, *, in_process: bo
       cmd = [sys.executable, "experiments/sft.py", f"--config={config_arg(study.name, study.arms[0], smoke)}"]
       cmd += [f"--config.{o}" for o in study.extra]
       subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+  return hf_overrides(folder)
+
+
+def hf_overrides(folder: pathlib.Path) -> list[str]:
+  """Overrides that start a run from the policy saved in `folder` (weights and `tokenizer.json`).
+
+  >>> hf_overrides(pathlib.Path("ws"))
+  ['model.init=hf', 'model.hf_path=ws', 'tokenizer.path=ws/tokenizer.json']
+  """
   return ["model.init=hf", f"model.hf_path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
+
+
+def random_warm_start(folder: pathlib.Path, study: str = "mc_grpo", *, smoke: bool = True,
+                      seed: int = 0) -> pathlib.Path:
+  """Writes a randomly initialised policy (no SFT) as a warm-start folder; returns `folder`.
+
+  The model is the one `study`'s first arm configures (the `smoke` variant by default) and the
+  tokenizer the synthetic tasks' fixed character vocabulary, which every study uses, so one such
+  folder can start every study (`run_studies(..., warm_start=folder)`): the test suite's smoke
+  form, where what the policy knows does not matter and an SFT per study would only compile.
+
+  Args:
+    folder: where to write the weights (`config.json`, safetensors) and `tokenizer.json`.
+    study: the study whose model configuration is used.
+    smoke: use the config's smoke variant.
+    seed: the initialisation's seed.
+
+  Returns:
+    `folder`.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import data as data_lib, models  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import config as config_lib, policy  # pylint: disable=g-import-not-at-top
+  exp = config_lib.from_config_dict(_load_exp(study, STUDIES[study].arms[0], smoke))
+  if exp.tokenizer.kind != "char":
+    raise ValueError(f"random_warm_start writes the character tokenizer; {study} uses {exp.tokenizer.kind!r}.")
+  tokenizer = data_lib.CharTokenizer.default()
+  cfg = policy.model_config(exp.model, tokenizer)
+  folder.mkdir(parents=True, exist_ok=True)
+  models.save_hf_checkpoint(folder, cfg, models.init_params(cfg, jax.random.key(seed)))
+  tokenizer.save(folder / "tokenizer.json")
+  return folder
+
+
+@contextlib.contextmanager
+def persistent_compile_cache(path: pathlib.Path, *, optimize: bool = True):
+  """Within the block, compiled XLA programs are kept in (and read from) the folder `path`.
+
+  JAX's in-memory caches belong to each jitted function object, and a training run builds its
+  own, so in one process the second run of a study recompiles what the first compiled; with a
+  persistent cache every program after the first identical one is read back, and a later
+  process reads them all back. The earlier settings are restored on exit.
+
+  Args:
+    path: the cache folder (created if absent).
+    optimize: False skips most of XLA's optimisations (`jax_disable_most_optimizations`):
+      programs compile faster and run slower, the right trade for smoke runs of one step.
+      The programs compiled so are cached under their own keys.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  settings = {"jax_persistent_cache_min_compile_time_secs": 0.0}
+  if not optimize and "jax_disable_most_optimizations" in jax.config.values:
+    settings["jax_disable_most_optimizations"] = True
+  before = {k: jax.config.values[k] for k in list(settings) + ["jax_compilation_cache_dir"]}
+  pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+  for k, v in settings.items():
+    jax.config.update(k, v)
+  compilation_cache.set_cache_dir(str(path))
+  compilation_cache.reset_cache()   # the cache object is built once per setting: build it for this folder
+  try:
+    yield pathlib.Path(path)
+  finally:
+    for k, v in before.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()
 
 
 def run_result(workdir: pathlib.Path) -> dict[str, Any]:
@@ -492,7 +566,8 @@ def _past(stop_at: str | None) -> bool:
 def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, results_dir: pathlib.Path,
                 smoke: bool = False, in_process: bool | None = None, threads: int = 1,
                 stop_at: str | None = None, arms: Sequence[str] = (), plot: bool = True,
-                report_only: bool = False, log: Callable[[str], None] = print) -> dict[str, dict]:
+                report_only: bool = False, warm_start: pathlib.Path | None = None,
+                log: Callable[[str], None] = print) -> dict[str, dict]:
   """Runs the studies one after another (each seed-major) and writes their tables.
 
   Args:
@@ -508,6 +583,8 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
     arms: if given, only these arms (of any study).
     plot: write the PNG.
     report_only: train nothing: tables from the runs that have finished.
+    warm_start: a warm-start folder (weights and `tokenizer.json`, e.g. `random_warm_start`)
+      that every study starts from, instead of each study's SFT warm start.
     log: progress lines.
 
   Returns:
@@ -529,7 +606,8 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
           continue
         try:
           if overrides is None:
-            overrides = warm_start_overrides(study, smoke, env, in_process=in_process)
+            overrides = (hf_overrides(warm_start) if warm_start is not None
+                         else warm_start_overrides(study, smoke, env, in_process=in_process))
           t0 = time.time()
           result = run_one(study, arm, seed, workdir, overrides, smoke=smoke, env=env, in_process=in_process)
           log(f"[{name}] {arm} seed {seed}: pass@1 {result.get('eval/pass@1 before', float('nan')):.3f} -> "
@@ -562,10 +640,17 @@ def main(argv=None):
   for n in names:
     if n not in STUDIES:
       parser.error(f"unknown study {n!r}; studies: {', '.join(STUDIES)}")
-  docs = run_studies(names, seeds=args.seeds, runs_dir=pathlib.Path(args.runs_dir),
-                     results_dir=pathlib.Path(args.results_dir), smoke=args.smoke, threads=args.threads,
-                     stop_at=args.stop_at, arms=[a for a in args.arms.split(",") if a], plot=not args.no_plot,
-                     report_only=args.report_only)
+  runs_dir = pathlib.Path(args.runs_dir)
+  # The smoke runs train in this process: its compiled programs (quickly compiled, for one step)
+  # go to the runs' cache, as the training subprocesses' do.
+  cache = contextlib.nullcontext()
+  if args.smoke:
+    cache = persistent_compile_cache(runs_dir / "jax_cache", optimize=False)
+  with cache:
+    docs = run_studies(names, seeds=args.seeds, runs_dir=runs_dir, results_dir=pathlib.Path(args.results_dir),
+                       smoke=args.smoke, threads=args.threads, stop_at=args.stop_at,
+                       arms=[a for a in args.arms.split(",") if a], plot=not args.no_plot,
+                       report_only=args.report_only)
   for name, doc in docs.items():
     print(f"{name}: {doc['verdict']} -> held={doc['held']}")
 

@@ -132,35 +132,79 @@ def test_run_one_reads_a_finished_workdir_without_training(tmp_path):
   assert out == {"arm": "ttrl", "seed": 2, "wall_s": 3.0}
 
 
-def _check_smoke_tables(res, docs, arms_of):
+def _check_smoke_tables(res, docs, runs_dir, log=()):
+  """Each study's table: one row per arm (one seed), sane cells, and the arm's own config run."""
   for name, study in rp.STUDIES.items():
     doc = json.loads((res / f"repro_{name}.json").read_text())
     assert doc == json.loads(json.dumps(docs[name]))
-    assert doc["smoke"] and doc["not_run"] == []
-    assert list(doc["arms"]) == list(arms_of(study))      # each arm ran, one seed each
-    for row in doc["arms"].values():
+    assert doc["smoke"] and doc["not_run"] == [], "\n".join(log)
+    assert list(doc["arms"]) == list(study.arms)            # each arm ran, one seed each
+    assert (doc["held"], doc["verdict"]) == study.verdict(doc["arms"])
+    for arm, row in doc["arms"].items():
       assert row["seeds"] == [0]
       cell = row["pass@1 after"]
       assert cell["n"] == 1 and 0.0 <= cell["mean"] <= 1.0 and cell["spread"] == 0.0
-      assert row["rollouts"]["mean"] > 0
+      # What ran is the arm's smoke config: its rollouts are prompts x samples (the FP4 pool's
+      # size where there is one) for its one step.
+      exp = json.loads((runs_dir / name / arm / "seed0" / "config.json").read_text())
+      want = rp._load_exp(name, arm, smoke=True)
+      for key in ("rl.advantage", "rollout.num_samples", "rollout.fp4", "rollout.fp4_pool_size", "reward.name"):
+        section, leaf = key.split(".")
+        assert exp[section][leaf] == want[section][leaf], (name, arm, key)
+      per_prompt = want.rollout.fp4_pool_size or want.rollout.num_samples
+      assert row["rollouts"]["mean"] == want.control.prompts_per_step * per_prompt * want.rl.steps, (name, arm)
     md = (res / f"repro_{name}.md").read_text()
-    assert md.count("\n| ") == len(arms_of(study)) + 1    # header + one row per arm
+    assert md.count("\n| ") == len(study.arms) + 1         # header + one row per arm
+
+
+def test_smoke_form_of_every_study(tmp_path, monkeypatch):
+  """Every arm of every study, one RL step of a tiny model each, in this process.
+
+  All studies start from one randomly initialised policy (no SFT, so nothing is written to the
+  warm-start cache) and share compiled programs, compiled with few optimisations, through a
+  persistent cache in the project's cache folder, where a later run reads them back (the
+  datasets, too, are the cached ones); the runs' learning-curve PNGs are skipped.
+  """
+  from rollouts_jax import tasks
+  from rollouts_jax.training import loop
+  jax_cache = tasks.cache_root() / "jax_cache"
+  monkeypatch.setattr(loop, "plot_curves", lambda *a, **k: [])
+  warm = rp.random_warm_start(tmp_path / "warm")
+  with rp.persistent_compile_cache(jax_cache, optimize=False):
+    log = []
+    docs = rp.run_studies(list(rp.STUDIES), seeds=3, smoke=True, warm_start=warm, runs_dir=tmp_path / "runs",
+                          results_dir=tmp_path / "res", plot=False, log=log.append)
+  _check_smoke_tables(tmp_path / "res", docs, tmp_path / "runs" / "smoke", log)
+  for name in rp.STUDIES:
+    config = json.loads((tmp_path / "runs" / "smoke" / name / rp.STUDIES[name].arms[0] / "seed0" /
+                         "config.json").read_text())
+    assert config["model"]["hf_path"] == str(warm)         # the shared warm start, not an SFT per study
+
+
+def test_persistent_compile_cache_is_written_and_the_settings_restored(tmp_path):
+  import jax
+  import jax.numpy as jnp
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs", "jax_disable_most_optimizations")
+  before = [jax.config.values[k] for k in keys]
+  with rp.persistent_compile_cache(tmp_path / "jc", optimize=False):
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jc")
+    assert jax.config.values["jax_disable_most_optimizations"]
+    out = jax.jit(lambda x: x * 3 + 1)(jnp.arange(7.0))
+  assert list(out) == [3 * i + 1 for i in range(7)]
+  assert any((tmp_path / "jc").iterdir())                  # the program was written there
+  assert [jax.config.values[k] for k in keys] == before
 
 
 @pytest.mark.slow
-def test_smoke_form_of_every_study_runs_and_writes_a_table(tmp_path, monkeypatch):
-  """Every study's smoke form (its headline pair of arms, one RL step of a tiny model); about 2 minutes."""
+def test_smoke_form_of_every_arm_with_each_study_s_sft_warm_start(tmp_path, monkeypatch):
+  """As the default smoke test, with each study's own SFT warm start and the plots; minutes."""
   monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
-  arms = [a for s in rp.STUDIES.values() for a in s.headline_arms]
-  docs = rp.run_studies(list(rp.STUDIES), seeds=3, smoke=True, arms=arms, runs_dir=tmp_path / "runs",
-                        results_dir=tmp_path / "res", plot=False, log=lambda s: None)
-  _check_smoke_tables(tmp_path / "res", docs, lambda s: s.headline_arms)
-
-
-@pytest.mark.slow
-def test_smoke_form_of_every_arm_runs(tmp_path, monkeypatch):
-  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  log = []
   docs = rp.run_studies(list(rp.STUDIES), seeds=1, smoke=True, runs_dir=tmp_path / "runs",
-                        results_dir=tmp_path / "res", plot=True, log=lambda s: None)
-  _check_smoke_tables(tmp_path / "res", docs, lambda s: s.arms)
+                        results_dir=tmp_path / "res", plot=True, log=log.append)
+  _check_smoke_tables(tmp_path / "res", docs, tmp_path / "runs" / "smoke", log)
   assert all((tmp_path / "res" / f"repro_{n}.png").exists() for n in rp.STUDIES)
+  for name in rp.STUDIES:
+    config = json.loads((tmp_path / "runs" / "smoke" / name / rp.STUDIES[name].arms[0] / "seed0" /
+                         "config.json").read_text())
+    assert "warmstart" in config["model"]["hf_path"]      # the study's own SFT warm start

@@ -264,7 +264,8 @@ def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, planned_see
            *([note, ""] if note else []),
            f"Verdict: **parity {word}**. {reason}.", "", f"Rule: {RULE}.", "",
            "Rollout time per step, sync / APRIL: " + ("n/a" if r is None else f"{r:.2f}x") +
-           " (this CPU; see the load below).", "",
+           " (means of per-run medians; the runs went one after another under the load below, so "
+           "`experiments/bench_april.py`, which alternates the two in one process, is the measured ratio).", "",
            "Cells: mean +- sample standard deviation over seeds (n seeds in the last column); groups are "
            "totals over the run.", "",
            "| arm | " + " | ".join(METRICS) + " | seeds |", "|---|" + "---|" * (len(METRICS) + 1)]

@@ -10,10 +10,10 @@
 from rollouts_jax.losses.aggregation import AGG_MODES, aggregate, masked_mean
 from rollouts_jax.losses.echo import confidence_clip_ranges, echo_policy_loss
 from rollouts_jax.losses.kl import KL_KINDS, kl_penalty
-from rollouts_jax.losses.policy import KINDS, policy_loss
+from rollouts_jax.losses.policy import KINDS, TIS_MODES, policy_loss
 from rollouts_jax.losses.shaping import entropy_bonus, entropy_from_logits, overlong_penalty
 
 __all__ = [
-    "AGG_MODES", "KINDS", "KL_KINDS", "aggregate", "masked_mean", "kl_penalty", "policy_loss",
+    "AGG_MODES", "KINDS", "KL_KINDS", "TIS_MODES", "aggregate", "masked_mean", "kl_penalty", "policy_loss",
     "entropy_bonus", "entropy_from_logits", "overlong_penalty", "confidence_clip_ranges", "echo_policy_loss",
 ]

@@ -11,6 +11,7 @@ from rollouts_jax.losses.aggregation import aggregate, check_agg, masked_mean
 Array = jax.Array
 
 KINDS = ("ppo_clip", "gspo", "cispo")
+TIS_MODES = ("truncate", "mask")
 
 # exp() of a log-ratio beyond this overflows float32 or says the sample is useless anyway.
 _MAX_LOG_RATIO = 20.0
@@ -25,7 +26,7 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
                 kind: str = "ppo_clip", clip_low: float = 0.2, clip_high: Optional[float] = None,
                 agg: str = "token-mean", *, dual_clip: Optional[float] = None,
                 max_len: Optional[int] = None, rollout_logprobs: Optional[Array] = None,
-                tis_cap: Optional[float] = None) -> Tuple[Array, Dict[str, Array]]:
+                tis_cap: Optional[float] = None, tis_mode: str = "truncate") -> Tuple[Array, Dict[str, Array]]:
   """Clipped surrogate policy loss (to minimize) and its metrics.
 
   With ratio r_t = exp(logprobs_t - old_logprobs_t) and advantage A:
@@ -48,7 +49,10 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
   Truncated importance sampling (Yao et al., 2025, "Your Efficient RL Framework Secretly
   Brings You Off-Policy RL Training"): when `rollout_logprobs` (the sampler's log-probs) are
   given, every token loss is multiplied by the stop-gradient weight
-  min(exp(old_logprobs - rollout_logprobs), tis_cap) (no cap when tis_cap is None).
+  min(exp(old_logprobs - rollout_logprobs), tis_cap) (no cap when tis_cap is None). With
+  `tis_mode="mask"` a token whose weight exceeds the cap gets weight 0 instead, and stays in
+  the denominator (AReaL's decoupled PPO, `behav_imp_weight_cap`, arXiv 2505.24298: there
+  `old_logprobs` is the proximal policy and `rollout_logprobs` the behaviour policy).
 
   Log-ratios are clamped to [-20, 20] before exp; masked tokens never reach exp, so junk in
   padding cannot turn into NaN gradients.
@@ -67,6 +71,7 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
     max_len: the constant of "seq-mean-token-sum-norm"; default T.
     rollout_logprobs: optional float[S, T] log-probs from the sampler.
     tis_cap: cap of the truncated importance weight.
+    tis_mode: "truncate" (min(w, cap)) or "mask" (0 where w > cap) (static).
 
   Returns:
     `(loss, metrics)`: a float32 scalar and a dict of float32 scalars over valid tokens:
@@ -98,6 +103,8 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
       raise ValueError(f"dual_clip must be > 1, got {dual_clip}.")
   if tis_cap is not None:
     _check_static("tis_cap", tis_cap, positive=True)
+  if tis_mode not in TIS_MODES:
+    raise ValueError(f"tis_mode must be one of {TIS_MODES}, got {tis_mode!r}.")
 
   logprobs = jnp.asarray(logprobs)
   old_logprobs = jnp.asarray(old_logprobs)
@@ -159,7 +166,7 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
     tis_w = jnp.exp(tis_log)
     if tis_cap is not None:
       metrics["tis_clip_frac"] = masked_mean(tis_w > tis_cap, mask)
-      tis_w = jnp.minimum(tis_w, tis_cap)
+      tis_w = jnp.minimum(tis_w, tis_cap) if tis_mode == "truncate" else jnp.where(tis_w > tis_cap, 0.0, tis_w)
     tis_w = jax.lax.stop_gradient(tis_w)
     metrics["tis_weight_mean"] = masked_mean(tis_w, mask)
     token_loss = token_loss * tis_w

@@ -444,11 +444,16 @@ _DEFAULT_POOLS: dict[int, GraderPool] = {}
 
 
 def get_default_pool(num_workers: Optional[int] = None) -> GraderPool:
-    """The shared pool :func:`score_batch` uses, created on first use and closed at exit."""
+    """The shared pool :func:`score_batch` uses, created on first use and closed at exit.
+
+    Its workers also import the tasks package before they report ready: a task's grader
+    imports it on its first call, which would otherwise count against the first sample's
+    time limit (on a loaded machine, every sample's: each timeout restarts the worker).
+    """
     key = default_num_workers() if num_workers is None else int(num_workers)
     pool = _DEFAULT_POOLS.get(key)
     if pool is None or pool._closed:  # noqa: SLF001
-        pool = _DEFAULT_POOLS[key] = GraderPool(key)
+        pool = _DEFAULT_POOLS[key] = GraderPool(key, preload=("rollouts_jax.rewards", "rollouts_jax.tasks"))
     return pool
 
 
@@ -586,9 +591,10 @@ def score_batch(reward_fn: Union[str, RewardFn], completions: Sequence[str],
             return _score_inline(fn, completions, references, timeout_s)
         if num_workers is not None and _unwrap(fn) not in _WARNED_UNSAFE:
             _WARNED_UNSAFE.add(_unwrap(fn))
-            log.warning("num_workers=0 asks for inline scoring, but %r is not known to be safe in the "
-                        "training process (see rewards.mark_inline_safe); scoring it in %d worker processes.",
-                        fn, default_num_workers())
+            why = ("the in-process deadline (SIGALRM) needs the main thread" if is_inline_safe(fn) else
+                   "it is not known to be safe in the training process (see rewards.mark_inline_safe)")
+            log.warning("num_workers=0 asks for inline scoring of %r, but %s; scoring it in %d worker processes.",
+                        fn, why, default_num_workers())
         num_workers = None
     return get_default_pool(num_workers).score(fn, completions, references, timeout_s=timeout_s)
 

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from rollouts_jax import control, replay, rewards, sampling, sharding, tasks
+from rollouts_jax.training import async_rollouts
 from rollouts_jax.training.checkpoint import Checkpointer
 from rollouts_jax.training.config import ExperimentConfig, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
@@ -192,7 +193,7 @@ def _train_step(step_args: dict, state_shardings=None, mesh=None):
 
 
 def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool = True,
-          allow_config_change: bool = False) -> dict[str, Any]:
+          allow_config_change: bool = False, threaded: bool = False) -> dict[str, Any]:
   """Runs (or resumes) an experiment in `workdir`; returns a summary dict.
 
   The summary holds the evaluation before and after RL and the final step. Writes
@@ -200,6 +201,10 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   PNG learning curves under `plots/` and `summary.json` to the workdir. A workdir is tied to
   its config: a rerun whose settings change results raises before any work (naming the keys)
   unless `allow_config_change`.
+
+  With `async_rl.max_staleness` > 0 a producer thread generates the batches while the trainer
+  updates (`training.async_rollouts`); `threaded=True` runs it also at 0, which is the
+  synchronous loop computed by the threaded machinery (a check of both).
   """
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
@@ -223,6 +228,21 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       functools.partial(init_train_state, tx=rl_optimizer(exp.rl)), params,
       placement.param_shardings if placement.active else None)
   state = {"train": train_state, "pipeline": pipeline.init_state()}
+  eta, old_mode = exp.async_rl.max_staleness, exp.async_rl.old_logprobs
+  if eta > 0 or threaded:
+    if jax.process_count() > 1:
+      raise ValueError("async_rl.max_staleness > 0 runs a producer thread, which needs a single process "
+                       f"({jax.process_count()} processes here); use the rollout mesh of one process.")
+  if eta > 0 or old_mode == "ewma":
+    # Versions the producer still needs after a restart (generated again from them, so a resumed
+    # run computes what an uninterrupted one does), and the EWMA proximal policy.
+    # (Copies: the train step donates the params it is given.)
+    state["async"] = {}
+    if eta > 0:
+      state["async"]["snapshots"] = [async_rollouts.copy_tree(state["train"].params) for _ in range(eta)]
+    if old_mode == "ewma":
+      state["async"]["ewma"] = {"params": async_rollouts.copy_tree(state["train"].params),
+                                "total": jax.numpy.zeros((), jax.numpy.float32)}
   mesh = placement.mesh if placement.active else None
   ckpt = Checkpointer(workdir / "checkpoints", save_every=exp.checkpoint.every, keep=exp.checkpoint.keep)
   eval_examples = list(test_examples[:exp.eval.num_examples])
@@ -243,41 +263,85 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   # The pipeline works on host copies of every rollout. Across processes each process needs the whole
   # batch, so sampling runs without the rules' batch constraint there (its outputs stay replicated).
   rollout_context = placement.rollout_context if jax.process_count() == 1 else contextlib.nullcontext
-  for step in range(start, exp.rl.steps):
-    t0 = time.perf_counter()
-    with rollout_context():
-      batch, pstate, info = pipeline.collect(state["pipeline"], placement.rollout_params(state["train"].params),
-                                             step, jax.random.fold_in(base_key, step), ref_params=ref_params)
-    t1 = time.perf_counter()
-    train_state, m = train_step(state["train"], placement.batch(batch), ref_params)
-    state = {"train": train_state, "pipeline": pstate}
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
-    t2 = time.perf_counter()
-    info.update(m, **{"time/update": t2 - t1, "time/step": t2 - t0})
-    info["tokens_per_s"] = info["generated_tokens"] / max(info["time/sample"], 1e-9)
-    nonfinite_run = nonfinite_run + 1 if m["nonfinite"] > 0 else 0
-    if m["nonfinite"] > 0:
-      log.warning("Step %d: non-finite loss or gradient; update skipped (%d in a row).", step + 1, nonfinite_run)
-    if exp.eval.every and (step + 1) % exp.eval.every == 0 and step + 1 < exp.rl.steps:
-      info.update(evaluate_fn(state["train"].params, eval_examples, eval_key, greedy=False))
-    logger.log(step + 1, info)
-    done = step + 1 == exp.rl.steps
-    if done:
-      summary["after"] = evaluate_fn(state["train"].params, eval_examples, eval_key)
-      logger.log(step + 1, summary["after"])
-    stop = nonfinite_run >= exp.max_nonfinite_steps
-    meta = {"rl_step": step + 1, "nonfinite_run": nonfinite_run, "summary": summary}
-    # Skipped updates leave the state finite.
-    ckpt.save(step + 1, dict(state, pipeline=_global(state["pipeline"], mesh)), meta, force=done or stop)
-    if stop:
-      logger.close()
-      ckpt.close()
-      raise TrainingStopped(f"{nonfinite_run} consecutive non-finite updates (max_nonfinite_steps="
-                            f"{exp.max_nonfinite_steps}); stopping at step {step + 1}.")
-    if exp.stop_after_step >= 0 and step + 1 >= exp.stop_after_step and not done:
-      logger.close()
-      ckpt.close()
-      return {"stopped_at": step + 1, "params": state["train"].params}
+  hub = producer = None
+  ewma = state.get("async", {}).get("ewma")
+  if eta > 0 or threaded:
+    hub = async_rollouts.ParamsHub(keep=eta)
+    for i, snap in enumerate(state["async"]["snapshots"] if eta > 0 else []):
+      if start - eta + i >= 0:
+        hub.publish(start - eta + i, snap)
+    hub.publish(start, async_rollouts.copy_tree(state["train"].params))
+    collect = lambda ps, p, s, v: pipeline.collect(ps, p, s, jax.random.fold_in(base_key, s), ref_params=ref_params,
+                                                   version=v)
+    producer = async_rollouts.RolloutProducer(collect, hub, state["pipeline"], start=start, stop=exp.rl.steps,
+                                              max_staleness=eta, handoff=placement.rollout_params,
+                                              context=rollout_context).start()
+  timing = {}   # running means of the capacity model's inputs
+  try:
+    for step in range(start, exp.rl.steps):
+      t0 = time.perf_counter()
+      if producer is None:
+        with rollout_context():
+          batch, pstate, info = pipeline.collect(state["pipeline"], placement.rollout_params(state["train"].params),
+                                                 step, jax.random.fold_in(base_key, step), ref_params=ref_params)
+        version, t_got = step, time.perf_counter()
+      else:
+        item = producer.get(step)
+        batch, pstate, info, version = item.batch, item.pipeline_state, item.info, item.version
+        t_got = time.perf_counter()
+        info.update({"async/producer_wait_s": item.wait_s, "async/handoff_s": item.handoff_s,
+                     "async/collect_s": item.collect_s, "async/queued": float(producer.queued())})
+      if step - version > eta:
+        raise RuntimeError(f"Step {step}: a batch of version {version} exceeds async_rl.max_staleness={eta}.")
+      old = async_rollouts.old_logprobs(exp, cfg, batch, step, state["train"].params, hub, ewma)
+      if old is not None:
+        batch = batch.replace(old_logprobs=old)
+      t1 = time.perf_counter()
+      train_state, m = train_step(state["train"], placement.batch(batch), ref_params)
+      if ewma is not None:
+        avg, total = async_rollouts.ewma_update(ewma["params"], ewma["total"], train_state.params,
+                                                exp.async_rl.ewma_beta)
+        ewma = {"params": avg, "total": total}
+      if hub is not None:
+        hub.publish(step + 1, async_rollouts.copy_tree(train_state.params))
+      state = dict(state, train=train_state, pipeline=pstate)
+      m = {k: float(v) for k, v in jax.device_get(m).items()}
+      t2 = time.perf_counter()
+      info.update(m, **{"time/update": t2 - t1, "time/step": t2 - t0})
+      if hub is not None or eta > 0:
+        async_rollouts.step_metrics(info, exp, batch, step, version, t_got - t0, timing)
+      info["tokens_per_s"] = info["generated_tokens"] / max(info["time/sample"], 1e-9)
+      nonfinite_run = nonfinite_run + 1 if m["nonfinite"] > 0 else 0
+      if m["nonfinite"] > 0:
+        log.warning("Step %d: non-finite loss or gradient; update skipped (%d in a row).", step + 1, nonfinite_run)
+      if exp.eval.every and (step + 1) % exp.eval.every == 0 and step + 1 < exp.rl.steps:
+        info.update(evaluate_fn(state["train"].params, eval_examples, eval_key, greedy=False))
+      logger.log(step + 1, info)
+      done = step + 1 == exp.rl.steps
+      if done:
+        summary["after"] = evaluate_fn(state["train"].params, eval_examples, eval_key)
+        logger.log(step + 1, summary["after"])
+      stop = nonfinite_run >= exp.max_nonfinite_steps
+      meta = {"rl_step": step + 1, "nonfinite_run": nonfinite_run, "summary": summary}
+      if "async" in state:   # the versions a restarted producer needs, the moving average
+        if eta > 0:
+          state["async"]["snapshots"] = [hub.get(max(0, v)) for v in range(step + 1 - eta, step + 1)]
+        if ewma is not None:
+          state["async"]["ewma"] = ewma
+      # Skipped updates leave the state finite.
+      ckpt.save(step + 1, dict(state, pipeline=_global(state["pipeline"], mesh)), meta, force=done or stop)
+      if stop:
+        logger.close()
+        ckpt.close()
+        raise TrainingStopped(f"{nonfinite_run} consecutive non-finite updates (max_nonfinite_steps="
+                              f"{exp.max_nonfinite_steps}); stopping at step {step + 1}.")
+      if exp.stop_after_step >= 0 and step + 1 >= exp.stop_after_step and not done:
+        logger.close()
+        ckpt.close()
+        return {"stopped_at": step + 1, "params": state["train"].params}
+  finally:
+    if producer is not None:
+      producer.close()
   logger.close()
   ckpt.close()
   plots = plot_curves(workdir / "metrics.jsonl", workdir / "plots") if lead else []

@@ -177,9 +177,14 @@ class RolloutPipeline:
     return ex.replace(**extras)
 
   # -- one step ----------------------------------------------------------------------------------
-  def collect(self, state: PipelineState, params, step: int, key: jax.Array, *, ref_params=None
-              ) -> tuple[RolloutBatch, PipelineState, dict[str, float]]:
-    """One step's batch of B groups, the new pipeline state and the step's rollout metrics."""
+  def collect(self, state: PipelineState, params, step: int, key: jax.Array, *, ref_params=None,
+              version: int | None = None) -> tuple[RolloutBatch, PipelineState, dict[str, float]]:
+    """One step's batch of B groups, the new pipeline state and the step's rollout metrics.
+
+    `version` is the number of updates behind `params` (default `step`: the synchronous loop);
+    it tags every generated token (`policy_version`) and ages replayed groups.
+    """
+    version = step if version is None else version
     B, N = self.batch_size, self.num_samples
     stats = _Stats()
     ctl = state.control
@@ -187,7 +192,7 @@ class RolloutPipeline:
     replayed = 0
     buf_state = state.replay
     if self.buffer is not None:
-      got, buf_state = self.buffer.sample(buf_state, jax.random.fold_in(key, 7), B, version=step)
+      got, buf_state = self.buffer.sample(buf_state, jax.random.fold_in(key, 7), B, version=version)
       got = jax.device_get(got)
       replayed = int(np.any(got.sample_mask, axis=1).sum())
       if replayed:
@@ -198,7 +203,7 @@ class RolloutPipeline:
     aux = {"arrol": state.arrol, "drafts": state.drafts, "window": state.window,   # threaded through _generate
            "anchor": ref_params}
     while self.partial is not None:  # APRIL: one over-provisioned, early-stopped generation
-      part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, step, key, stats)
+      part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, version, key, stats)
       plan = control.Plan(indices=part.prompt_index, budget=part.sample_mask.sum(1).astype(np.int32))
       ctl = self.selector.update(ctl, plan, part.rewards, part.sample_mask, entropy_BxN=_mean_entropy(part),
                                  lengths_BxN=np.asarray(part.lengths))
@@ -206,7 +211,7 @@ class RolloutPipeline:
       break
     while self.partial is None:
       plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B)
-      part, aux = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, aux)
+      part, aux = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, aux, version)
       n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
       extra = {}
       if self.ref_samples:  # reference rewards of the plan's prompts (cached), for the selector too
@@ -315,7 +320,7 @@ class RolloutPipeline:
     h_sel = np.take_along_axis(h.reshape(B, M, -1), sel[..., None], axis=1)
     return out, h_sel, np.take_along_axis(p, sel, axis=1)
 
-  def _sample_speculative(self, params, ids, mask, idx, key, draft_state, step: int, stats: "_Stats"):
+  def _sample_speculative(self, params, ids, mask, idx, key, draft_state, version: int, stats: "_Stats"):
     """SPEC-RL: the prompts' previous rollouts as drafts; returns (out, tokens decoded, new draft state)."""
     store = self._draft_store()
     d_ids, d_mask, d_lp, valid = store.get(draft_state, idx)
@@ -334,11 +339,15 @@ class RolloutPipeline:
       out = self._sample(params, ids, mask, key, conf)
       decoded = int(np.asarray(out.lengths).sum())
       stats.add("rollout/decode_steps", int(np.asarray(out.lengths).max(initial=0)))
-    new_state = store.put(draft_state, idx, out.completion_ids, out.completion_mask, out.logprobs, step)
+    new_state = store.put(draft_state, idx, out.completion_ids, out.completion_mask, out.logprobs, version)
     return out, decoded, new_state
 
-  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", aux: dict):
-    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the generation state)."""
+  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", aux: dict,
+                version: int):
+    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the generation state).
+
+    `params` are the policy after `version` updates (the tag of every token it generates).
+    """
     aux = dict(aux)
     decoded = None
     idx = np.asarray(plan.indices)
@@ -350,7 +359,7 @@ class RolloutPipeline:
       M = self.fp4_pool_size or N
       params_fp4 = models.quantize_params(self.cfg, params, self.fp4)
       out = self._sample(params_fp4, ids, mask, key, self.sampling_config.replace(num_samples=M))
-      pool = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=step)
+      pool = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=version)
       stats.add("time/sample", time.perf_counter() - t0)
       pool_r, info = self._score(pool, examples, stats)
       pool = pool.replace(rewards=pool_r)
@@ -376,7 +385,7 @@ class RolloutPipeline:
         stats.add("tree/branches", float(np.asarray(tinfo.num_branches).sum()))
         stats.add("tree/leaves", float(np.asarray(tinfo.leaf_mask).sum()))
       elif self.speculative:
-        out, decoded, aux["drafts"] = self._sample_speculative(params, ids, mask, idx, key, aux["drafts"], step,
+        out, decoded, aux["drafts"] = self._sample_speculative(params, ids, mask, idx, key, aux["drafts"], version,
                                                                stats)
       else:
         conf = self.sampling_config
@@ -385,7 +394,7 @@ class RolloutPipeline:
           stats.add("distill/window", float(aux["window"]))
         out = self._sample(params, ids, mask, key, conf)
         stats.add("rollout/decode_steps", int(np.asarray(out.lengths).max(initial=0)))
-      batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=step)
+      batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=version)
       if self.tree is not None:   # rows that ended as no leaf carry nothing
         batch = batch.replace(sample_mask=np.asarray(tinfo.leaf_mask, bool))
       stats.add("time/sample", time.perf_counter() - t0)
@@ -394,7 +403,7 @@ class RolloutPipeline:
         views = [self.task.rewrite(ex, self.seed) for ex in examples]
         vids, vmask = self.prompter(views)
         vout = self._sample(params, vids, vmask, jax.random.fold_in(key, 2), self.sampling_config)
-        second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=step)
+        second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=version)
       r, info = self._score(batch, examples, stats, second_view=second, anchor_params=aux.get("anchor"))
       batch = batch.replace(rewards=r)
       if self.distill:
@@ -429,8 +438,11 @@ class RolloutPipeline:
       budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))
     return batch.replace(sample_mask=batch.sample_mask & budget_mask), aux
 
-  def _generate_partial(self, params, ctl, pstate, step: int, key: jax.Array, stats: "_Stats"):
-    """APRIL: B finished, scored groups; unfinished and surplus groups go back to the store."""
+  def _generate_partial(self, params, ctl, pstate, version: int, key: jax.Array, stats: "_Stats"):
+    """APRIL: B finished, scored groups; unfinished and surplus groups go back to the store.
+
+    `params` are the policy after `version` updates: the tag of the tokens generated now.
+    """
     B, N = self.batch_size, self.num_samples
     conf = self.sampling_config
     T = conf.max_new_tokens
@@ -467,7 +479,7 @@ class RolloutPipeline:
     batch = req.replace(completion_ids=np.asarray(out.completion_ids), completion_mask=np.asarray(out.completion_mask),
                         behaviour_logprobs=np.asarray(out.logprobs, np.float32),
                         entropy=np.asarray(out.entropy, np.float32),
-                        policy_version=np.where(new, step, np.asarray(req.policy_version)).astype(np.int32))
+                        policy_version=np.where(new, version, np.asarray(req.policy_version)).astype(np.int32))
     done = np.asarray(sampling.finished_rows(batch.completion_ids, batch.completion_mask, conf)) | done_in
     finished = np.flatnonzero(done.all(axis=1))   # stored (older) groups come first
     use = finished[:B]
@@ -486,7 +498,7 @@ class RolloutPipeline:
     stats.add("april/stored_groups", float(rest.size))
     stats.add("april/stored_unfinished_groups", float((~done[rest].all(axis=1)).sum()))
     stats.add("april/off_policy_token_frac",
-              float((np.asarray(batch.policy_version) < step)[live].mean()) if live.any() else 0.0)
+              float((np.asarray(batch.policy_version) < version)[live].mean()) if live.any() else 0.0)
     return batch, ctl, pstate
 
   def _teacher_advantages(self, batch: RolloutBatch, stats: "_Stats") -> np.ndarray:

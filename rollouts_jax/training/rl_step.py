@@ -121,6 +121,25 @@ def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro, temperature):
   return jax.lax.stop_gradient(lp.reshape((-1,) + lp.shape[2:]))
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows"))
+def batch_logprobs(params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
+                   completion_mask: jax.Array, *, cfg: ModelConfig, temperature: float = 1.0,
+                   micro_rows: int = 0) -> jax.Array:
+  """Log-probs [B, N, T] of a batch's completion tokens under `params` (no gradient; 0 off the mask).
+
+  The trainer's own numerics for a given policy: the "old logits" of a stale batch under the
+  version that generated it, or under a proximal policy (`training.async_rollouts`).
+  `micro_rows` rows go through the model at a time (0: all B * N; it must divide B * N).
+  """
+  tokens, attn = teacher_forced_rows(prompt_ids, prompt_mask, completion_ids)
+  R = tokens.shape[0]
+  micro = micro_rows or R
+  if R % micro:
+    raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
+  lp = _no_grad_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature)
+  return jnp.where(completion_mask, lp.reshape(completion_ids.shape), 0.0)
+
+
 def _advantage_extras(rollouts: RolloutBatch) -> dict[str, Any]:
   extra = {}
   for name in ("cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask", "source_ids"):
@@ -190,7 +209,8 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     pg, m = losses.policy_loss(
         lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low, clip_high=rl.clip_high,
         agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=max_len,
-        rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None)
+        rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None,
+        tis_mode=rl.tis_mode)
     total = pg
     m = dict(m, pg_loss=pg)
     if rl.kl_coef > 0:

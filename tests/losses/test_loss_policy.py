@@ -176,6 +176,26 @@ def test_truncated_importance_sampling(kind):
 
 
 @pytest.mark.parametrize("kind", losses.KINDS)
+def test_masked_importance_weights_drop_tokens_but_keep_the_denominator(kind):
+  """AReaL's behaviour cap: a token with pi_prox / pi_behav > cap gets weight 0 (not cap), and the
+  token-mean still divides by every valid token."""
+  lp, old, adv, mask = _batch(seed=4)
+  rollout = old + jnp.asarray(np.random.default_rng(5).normal(size=old.shape) * 0.5, jnp.float32)
+  raw = np.exp(np.asarray(old) - np.asarray(rollout))
+  f = lambda x, **kw: losses.policy_loss(x, old, adv, mask, kind, 0.2, 0.28, "token-mean", rollout_logprobs=rollout,
+                                         tis_cap=1.5, **kw)
+  base_grad = jax.grad(lambda x: losses.policy_loss(x, old, adv, mask, kind, 0.2, 0.28, "token-mean")[0])(lp)
+  grad = jax.grad(lambda x: f(x, tis_mode="mask")[0])(lp)
+  w = np.where(raw > 1.5, 0.0, raw)
+  m = np.asarray(mask)
+  assert ((raw > 1.5) & m).any() and ((raw <= 1.5) & m).any()
+  np.testing.assert_allclose(grad, np.asarray(base_grad) * w, rtol=1e-5, atol=1e-8)
+  assert float(f(lp, tis_mode="mask")[1]["tis_weight_mean"]) == pytest.approx(w[m].mean(), rel=1e-5)
+  with pytest.raises(ValueError, match="tis_mode"):
+    f(lp, tis_mode="clip")
+
+
+@pytest.mark.parametrize("kind", losses.KINDS)
 def test_on_policy_metrics_and_junk_in_padding(kind):
   lp, _, adv, mask = _batch(seed=6)
   junk = jnp.where(mask, lp, jnp.nan)

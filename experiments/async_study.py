@@ -1,0 +1,213 @@
+r"""Does bounded-staleness asynchronous RL learn like the synchronous loop? (AReaL's claim, in miniature.)
+
+  python experiments/async_study.py --seeds=3
+  python experiments/async_study.py --report_only
+
+Arms, each the reproduction miniature (`configs/repro_base.py`: arithmetic, 8 prompts x 8
+samples a step, 80 steps, 200 held-out prompts) with:
+
+  sync          max_staleness 0 (the synchronous loop)
+  s1            max_staleness 1, proximal policy = params before the update, masked behaviour
+                weight (cap 2)  -- AReaL's decoupled PPO
+  s2            max_staleness 2, the same
+  s2_snapshot   max_staleness 2, the ratio against the exact generating version's params
+  s2_ewma       max_staleness 2, the ratio against a moving average of the params (beta 0.7)
+
+Every seed of every arm starts from one SFT warm start (seed 0's), so seeds differ only in
+the RL run. Runs go one at a time through `experiments/train.py`, seed-major, each in its own
+workdir; a run with a `result.json` is reused and a killed one resumes from its checkpoint.
+Writes `experiments/results/async_study.{json,md,png}`: per arm, held-out pass@1 after RL and its
+gain, the training reward of the last 10 steps, the mean staleness and the trainer's busy
+fraction (mean +- sample sd over seeds), and the reward curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import reproduce  # noqa: E402  pylint: disable=wrong-import-position
+
+CONFIG = "configs/repro_base.py"
+ARMS = {
+    "sync": [],
+    "s1": ["async_rl.max_staleness=1", "rl.tis_cap=2.0", "rl.tis_mode=mask"],
+    "s2": ["async_rl.max_staleness=2", "rl.tis_cap=2.0", "rl.tis_mode=mask"],
+    "s2_snapshot": ["async_rl.max_staleness=2", "async_rl.old_logprobs=snapshot", "rl.tis_cap=2.0",
+                    "rl.tis_mode=mask"],
+    "s2_ewma": ["async_rl.max_staleness=2", "async_rl.old_logprobs=ewma", "rl.tis_cap=2.0", "rl.tis_mode=mask"],
+}
+COLUMNS = {"pass@1 after": "eval/pass@1 after", "pass@1 gain": "eval/pass@1 gain",
+           "train reward, last 10": "reward_last10", "staleness": "staleness_mean",
+           "trainer busy": "trainer_busy", "s/step": "step_s"}
+
+
+def warm_start_overrides(env: dict) -> list[str]:
+  """Load seed 0's SFT warm start of the miniature as a local checkpoint (built if absent)."""
+  from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import config as config_lib, policy  # pylint: disable=g-import-not-at-top
+  exp = config_lib.from_config_dict(config_lib.load_config_file(REPO / CONFIG))
+  root = pathlib.Path(exp.sft.cache_dir) if exp.sft.cache_dir else tasks.cache_root() / "warmstart"
+  folder = root / f"{exp.data.task}-{policy.warm_start_key(exp.data, exp.tokenizer, exp.model, exp.sft, exp.seed)}"
+  if not (folder / "done.json").exists():
+    subprocess.run([sys.executable, "experiments/sft.py", f"--config={CONFIG}"], cwd=REPO, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+  return ["model.init=hf", f"model.hf_path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
+
+
+def run_metrics(workdir: pathlib.Path) -> dict:
+  """`reproduce.run_result` plus the async loop's means and the reward curve."""
+  out = reproduce.run_result(workdir)
+  rows = {}
+  for line in (workdir / "metrics.jsonl").read_text().splitlines():
+    r = json.loads(line)
+    if "reward_mean" in r:
+      rows[r["step"]] = r
+  steps = [rows[k] for k in sorted(rows)]
+  mean = lambda key, default: sum(r.get(key, default) for r in steps) / max(len(steps), 1)
+  out["staleness_mean"] = mean("async/staleness_mean", 0.0)
+  out["trainer_busy"] = sum(r["time/update"] for r in steps) / max(sum(r["time/step"] for r in steps), 1e-9)
+  out["step_s"] = sorted(r["time/step"] for r in steps)[len(steps) // 2] if steps else None
+  out["reward_curve"] = [r["reward_mean"] for r in steps]
+  return out
+
+
+def summarize(results: list[dict]) -> dict:
+  """{arm: {column: mean_spread + values}, "curve": mean reward per step} for arms with runs."""
+  table = {}
+  for arm in ARMS:
+    runs = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["seed"])
+    if not runs:
+      continue
+    row = {"seeds": [r["seed"] for r in runs]}
+    for column, key in COLUMNS.items():
+      values = [r.get(key) for r in runs]
+      row[column] = dict(reproduce.mean_spread(values), values=values)
+    length = min(len(r["reward_curve"]) for r in runs)
+    row["curve"] = [sum(r["reward_curve"][i] for r in runs) / len(runs) for i in range(length)]
+    table[arm] = row
+  return table
+
+
+def verdict(table: dict) -> str:
+  """Each async arm's pass@1 after RL against sync's, in standard errors of the difference."""
+  if "sync" not in table:
+    return "no synchronous runs"
+  parts = []
+  for arm in table:
+    if arm == "sync":
+      continue
+    d, se = reproduce._diff(table, arm, "sync", "pass@1 after")  # pylint: disable=protected-access
+    if d is None:
+      continue
+    word = "within 2 se" if abs(d) <= 2 * se else "above sync by > 2 se" if d > 0 else "BELOW sync by > 2 se"
+    parts.append(f"{arm} - sync = {d:+.3f} (se {se:.3f}): {word}")
+  return "; ".join(parts) or "no async runs"
+
+
+def write(results: list[dict], out_dir: pathlib.Path, missing: list[str], plot: bool = True) -> dict:
+  table = summarize(results)
+  doc = {"config": CONFIG, "arms": {a: ARMS[a] for a in ARMS}, "table": table, "verdict": verdict(table),
+         "not_run": missing, "runs": results}
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / "async_study.json").write_text(json.dumps(doc, indent=1))
+  lines = ["# Asynchronous RL at bounded staleness vs the synchronous loop (miniature)", "",
+           f"Config: `{CONFIG}` (arithmetic, 8 prompts x 8 samples, 80 steps) with each arm's overrides; "
+           "one warm start for every run.", "",
+           f"Verdict (pass@1 after RL): {doc['verdict']}.", "",
+           "| arm | " + " | ".join(COLUMNS) + " | seeds |", "|---|" + "---|" * (len(COLUMNS) + 1)]
+  for arm, row in table.items():
+    cells = [reproduce._cell(row[c], 2 if c in ("s/step",) else 3) for c in COLUMNS]  # pylint: disable=protected-access
+    lines.append(f"| {arm} | " + " | ".join(cells) + f" | {len(row['seeds'])} |")
+  if missing:
+    lines += ["", "Not run: " + ", ".join(missing) + "."]
+  (out_dir / "async_study.md").write_text("\n".join(lines) + "\n")
+  if plot and table:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for arm, row in table.items():
+      curve = row["curve"]
+      k = 5
+      smooth = [sum(curve[max(0, i - k + 1):i + 1]) / len(curve[max(0, i - k + 1):i + 1]) for i in range(len(curve))]
+      ax1.plot(range(1, len(curve) + 1), smooth, label=f"{arm} (n={len(row['seeds'])})")
+    ax1.set_xlabel("RL step")
+    ax1.set_ylabel("training reward (mean over seeds, 5-step mean)")
+    ax1.legend(fontsize=7)
+    arms = list(table)
+    means = [table[a]["pass@1 after"]["mean"] for a in arms]
+    sds = [table[a]["pass@1 after"]["spread"] for a in arms]
+    ax2.bar(range(len(arms)), means, yerr=sds, capsize=4, color="#8fb3d9", edgecolor="#35618f")
+    for i, a in enumerate(arms):
+      vals = table[a]["pass@1 after"]["values"]
+      ax2.plot([i] * len(vals), vals, "o", color="#222", ms=3)
+    ax2.set_xticks(range(len(arms)))
+    ax2.set_xticklabels(arms, rotation=20)
+    ax2.set_title("held-out pass@1 after RL (mean +- sd, dots: seeds)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_dir / "async_study.png", dpi=110)
+    plt.close(fig)
+  return doc
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--arms", default=",".join(ARMS))
+  parser.add_argument("--runs_dir", default=os.path.join(tempfile.gettempdir(), "rollouts_async_study"))
+  parser.add_argument("--results_dir", default=str(REPO / "experiments" / "results"))
+  parser.add_argument("--threads", type=int, default=1)
+  parser.add_argument("--stop_at", default=None, help="HH:MM UTC after which no new run starts")
+  parser.add_argument("--report_only", action="store_true")
+  args = parser.parse_args(argv)
+  runs_dir = pathlib.Path(args.runs_dir)
+  arms = [a for a in args.arms.split(",") if a]
+  for a in arms:
+    if a not in ARMS:
+      raise SystemExit(f"Unknown arm {a!r}; arms: {', '.join(ARMS)}.")
+  env = reproduce.child_env(args.threads, runs_dir / "jax_cache")
+  results, missing = [], []
+  base = None
+  for seed in range(args.seeds):
+    for arm in arms:
+      workdir = runs_dir / arm / f"seed{seed}"
+      result_file = workdir / "result.json"
+      if result_file.exists():
+        results.append(json.loads(result_file.read_text()))
+        continue
+      if args.report_only or reproduce._past(args.stop_at):  # pylint: disable=protected-access
+        missing.append(f"{arm}/seed{seed}")
+        continue
+      base = base or warm_start_overrides(env)
+      workdir.mkdir(parents=True, exist_ok=True)
+      cmd = [sys.executable, "experiments/train.py", f"--config={CONFIG}", f"--workdir={workdir}", "--progress=false"]
+      cmd += [f"--config.{o}" for o in base + ARMS[arm] + [f"seed={seed}"]]
+      t0 = time.time()
+      print(f"[async] {arm}/seed{seed} ...", flush=True)
+      with open(workdir / "train.log", "a") as log:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+      if proc.returncode:
+        print(f"[async] {arm}/seed{seed} failed (exit {proc.returncode}); see {workdir}/train.log", flush=True)
+        missing.append(f"{arm}/seed{seed}")
+        continue
+      result = dict(run_metrics(workdir), arm=arm, seed=seed, wall_s=time.time() - t0)
+      result_file.write_text(json.dumps(result, indent=1))
+      results.append(result)
+      print(f"[async] {arm}/seed{seed}: pass@1 after {result.get('eval/pass@1 after'):.3f} "
+            f"({result['wall_s']:.0f} s)", flush=True)
+      write(results, pathlib.Path(args.results_dir), missing)
+  doc = write(results, pathlib.Path(args.results_dir), missing)
+  print(doc["verdict"])
+
+
+if __name__ == "__main__":
+  main()

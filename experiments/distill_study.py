@@ -113,6 +113,42 @@ def tokens_to_reach(curve: Sequence[Sequence[float]], level: float) -> float | N
   return None
 
 
+def value_at_tokens(curve: Sequence[Sequence[float]], tokens: float) -> float | None:
+  """A held-out curve's pass@1 at a token count (linear between evaluations; None past its end).
+
+  >>> value_at_tokens([(0, 0, 0.2), (10, 100, 0.4), (20, 200, 0.8)], 150)
+  0.6000000000000001
+  """
+  prev = None
+  for _, tok, p in curve:
+    if tok >= tokens:
+      if prev is None or tok == prev[0]:
+        return float(p)
+      return float(prev[1] + (p - prev[1]) * (tokens - prev[0]) / (tok - prev[0]))
+    prev = (tok, p)
+  return None
+
+
+def matched_budget(results: Sequence[dict], arm: str, reference: str = "opd") -> dict[str, Any] | None:
+  """The reference arm's pass@1 when it had generated as many tokens as `arm` did in all, seed by seed.
+
+  Returns:
+    {"arm_after": mean final pass@1 of `arm`, "reference_at_budget": mean pass@1 of the
+    reference at that budget (interpolated on its curve; its final value where `arm` used
+    more tokens than the whole reference run), "seeds": the seeds both ran}, or None when
+    they share no seed.
+  """
+  ref = {r["seed"]: r for r in results if r["arm"] == reference}
+  pairs = [(r, ref[r["seed"]]) for r in results if r["arm"] == arm and r["seed"] in ref]
+  vals = [(r["pass@1 after"], value_at_tokens(q["curve"], min(r["generated_tokens"], q["curve"][-1][1])))
+          for r, q in pairs]
+  vals = [(a, b) for a, b in vals if a is not None and b is not None]
+  if not vals:
+    return None
+  return {"arm_after": sum(a for a, _ in vals) / len(vals), "reference_at_budget": sum(b for _, b in vals) / len(vals),
+          "seeds": [r["seed"] for r, _ in pairs]}
+
+
 def gap_closed(before: float, after: float, teacher: float) -> float | None:
   """(after - before) / (teacher - before): 0 = no progress, 1 = the teacher's accuracy.
 
@@ -301,6 +337,12 @@ def markdown(doc: dict) -> str:
   lines += [f"Student approaches the teacher: **{_word(ok)}**. {why}.", ""]
   for arm, (ok, why) in v["fraction"].items():
     lines += [f"{LABELS[arm]} at a fraction of OPD's tokens: **{_word(ok)}**. {why}.", ""]
+  matched = doc.get("matched_budget") or {}
+  if matched:
+    lines += ["At an equal token budget (OPD's held-out curve interpolated at each arm's total generated tokens, "
+              "same seeds): " + "; ".join(
+                  f"{LABELS.get(a, a)} {m['arm_after']:.3f} vs OPD {m['reference_at_budget']:.3f}"
+                  for a, m in matched.items()) + ".", ""]
   lines += [f"Rules: {doc['rule']}", "",
             "Cells: mean +- sample standard deviation over seeds (ddof=1). Tokens are totals over the run; "
             "probe tokens are ADWIN's full-rollout probes (generated and teacher-scored, not trained on); "
@@ -381,7 +423,8 @@ def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap
          "teacher_pass@1": teacher.get("eval/pass@1"), "teacher_greedy": teacher.get("eval/greedy_accuracy"),
          "teacher_gap": teacher_gap, "planned_seeds": planned_seeds, "verdict": v, "not_run": list(missing),
          "arms": table, "runs": sorted(results, key=lambda r: (ARMS.index(r["arm"]), r["seed"])),
-         "kl_profile": kl or {}}
+         "kl_profile": kl or {},
+         "matched_budget": {a: m for a in ARMS if a != "opd" for m in [matched_budget(results, a)] if m}}
   out_dir.mkdir(parents=True, exist_ok=True)
   base = out_dir / stem
   base.with_suffix(".json").write_text(json.dumps(doc, indent=1))

@@ -156,3 +156,16 @@ def test_kl_share_is_monotone_in_the_window_and_whole_at_the_full_length():
   assert out["10"] == pytest.approx(1.0)
   assert out["mean_length"] == pytest.approx(lengths.mean())
   assert out["total"] == pytest.approx((kl * mask).sum(-1).mean())   # padding carries nothing
+
+
+def test_matched_budget_reads_the_reference_curve_at_the_arms_token_count():
+  opd = [_result("opd", s, 0.8, 20000) for s in (0, 1)]   # curves: 0.45 at 0 tokens -> 0.8 at 20000
+  esr = [_result("esr", 0, 0.6, 5000), _result("esr", 1, 0.7, 10000), _result("esr", 2, 0.9, 10000)]
+  m = ds.matched_budget(opd + esr, "esr")
+  assert m["seeds"] == [0, 1]   # seed 2 has no OPD run to compare with
+  assert m["arm_after"] == pytest.approx(0.65)
+  assert m["reference_at_budget"] == pytest.approx((0.45 + 0.35 * 0.25 + 0.45 + 0.35 * 0.5) / 2)
+  assert ds.value_at_tokens([[0, 0, 0.4], [80, 100, 0.5]], 200) is None   # past the reference's end
+  assert ds.matched_budget(esr, "esr") is None
+  dear = ds.matched_budget(opd + [_result("adwin", 0, 0.7, 25000)], "adwin")   # more tokens than OPD used
+  assert dear["reference_at_budget"] == pytest.approx(0.8)   # OPD's final value

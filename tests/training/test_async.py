@@ -253,3 +253,19 @@ def test_async_keys_from_the_command_line(monkeypatch):
   fv(argv)
   exp = config_lib.from_config_dict(fv.config)
   assert exp.async_rl.max_staleness == 2 and exp.async_rl.old_logprobs == "snapshot"
+
+
+@pytest.mark.slow
+def test_partial_rollouts_continue_under_newer_weights(tmp_path):
+  """APRIL inside the async loop: rows cut at a batch boundary are resumed by the producer under
+  the next version, so trained batches mix tokens of two versions (older prefix, newer rest)."""
+  kw = {"async_rl.max_staleness": 1, "rl.tis_cap": 2.0, "rollout.partial_rollouts": True,
+        "rollout.over_provision": 0.5, "rollout.max_new_tokens": 24}
+  loop.train(_exp(steps=4, **kw), tmp_path / "april", progress=False)
+  rows = [r for r in _rows(tmp_path / "april") if "loss" in r]
+  assert sum(r["april/resumed_groups"] for r in rows) > 0
+  late = [r for r in rows if r["async/batch_version"] >= 1]
+  assert any(r["april/off_policy_token_frac"] > 0 for r in late)
+  # New tokens respect the bound; only resumed prefixes are older.
+  assert all(r["step"] - 1 - r["async/batch_version"] <= 1 for r in rows)
+  assert max(r["async/staleness_max"] for r in rows) > 1

@@ -15,7 +15,7 @@ The teacher is the same SFT recipe trained for 400 steps instead of the student'
   adwin   ADWIN: a window starting at 12, re-sized every 5 steps from a full-rollout probe
   grpo    no teacher: GRPO on the task's reward (the reward-based reference)
 
-Add `,smoke` for a tiny model and one RL step (the test suite).
+Add `,smoke` for a tiny model and one RL step (the test suite; `smoke` alone is the OPD arm's).
 
   python experiments/train.py --config=configs/distill_arms.py:esr --workdir=/tmp/distill_esr
 """
@@ -31,7 +31,7 @@ TEACHER_SFT_STEPS = 400
 def get_config(arg=None):
   words = parse_config_arg(arg, ARMS + ("smoke",))
   smoke = "smoke" in words
-  arms = [w for w in words if w != "smoke"]
+  arms = [w for w in words if w != "smoke"] or (["opd"] if smoke else [])   # `smoke` alone: the OPD arm
   if len(arms) != 1 or arms[0] not in ARMS:
     raise ValueError(f"distill_arms.py needs one arm of {ARMS} (and optionally 'smoke'), got {arg!r}.")
   arm = arms[0]

@@ -105,9 +105,11 @@ class RolloutConfig:
   # tree of num_samples leaves per prompt, forking KV-cache rows at high-entropy positions
   # (sampling.TreeConfig settings in tree_kwargs); the update uses TreeRL's per-token node
   # advantages in place of rl.advantage's.
-  # A stronger local policy (the same warm start trained teacher_sft_steps SFT steps), used by
-  # ERILS and on-policy distillation.
+  # A stronger local policy, used by ERILS and on-policy distillation: the same warm start
+  # trained teacher_sft_steps SFT steps, or a local Hugging Face folder (teacher_path; any size,
+  # the student's vocabulary), which is built once and shared by every seed and run.
   teacher_sft_steps: int = 0
+  teacher_path: str = ""
   # ERILS: external_samples rollouts per prompt from the teacher join each group; finished ones
   # only (length control); rl.advantage="erils" normalizes them apart from the policy's own.
   external_samples: int = 0
@@ -408,9 +410,10 @@ def validate(cfg: ExperimentConfig) -> None:
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
   _positive(ro.external_samples, "rollout.external_samples", allow_zero=True)
   if ro.external_samples:
-    if not ro.teacher_sft_steps > 0:
-      raise ValueError("Config key rollout.teacher_sft_steps must be > 0 with rollout.external_samples (the "
-                       "external policy is the warm start trained that many SFT steps).")
+    if not (ro.teacher_sft_steps > 0 or ro.teacher_path):
+      raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
+                       "rollout.external_samples (the external policy is the warm start trained that many SFT "
+                       "steps, or a local checkpoint).")
     if cfg.rl.advantage != "erils":
       raise ValueError(f"rollout.external_samples needs rl.advantage='erils' (per-source normalization), got "
                        f"{cfg.rl.advantage!r}.")
@@ -432,10 +435,14 @@ def validate(cfg: ExperimentConfig) -> None:
       if on:
         raise ValueError(f"reward term 'cat' does not combine with {key}; turn one of them off.")
   _one_of(ro.distill, ("", "opd", "esr", "adwin"), "rollout.distill")
+  if ro.teacher_path and not os.path.isfile(os.path.join(ro.teacher_path, "config.json")):
+    raise FileNotFoundError(f"rollout.teacher_path={ro.teacher_path!r} has no config.json (a local folder in "
+                            "Hugging Face layout; nothing is downloaded).")
   if ro.distill:
-    if not ro.teacher_sft_steps > 0:
-      raise ValueError("Config key rollout.teacher_sft_steps must be > 0 with rollout.distill (the teacher is the "
-                       "warm start trained that many SFT steps).")
+    if not (ro.teacher_sft_steps > 0 or ro.teacher_path):
+      raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
+                       "rollout.distill (the teacher is the warm start trained that many SFT steps, or a local "
+                       "checkpoint).")
     if not 1 <= ro.distill_window <= ro.max_new_tokens:
       raise ValueError(f"Config key rollout.distill_window must be in [1, rollout.max_new_tokens="
                        f"{ro.max_new_tokens}], got {ro.distill_window}.")

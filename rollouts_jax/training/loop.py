@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rollouts_jax import control, replay, rewards, sampling, sharding, tasks
+from rollouts_jax import control, models, replay, rewards, sampling, sharding, tasks
 from rollouts_jax.training import async_rollouts
 from rollouts_jax.training.checkpoint import Checkpointer
 from rollouts_jax.training.config import ExperimentConfig, parse_kwargs
@@ -113,9 +113,16 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
     pipe.prune, pipe.prune_oversample, pipe.prune_at = c.prune, c.prune_oversample, c.prune_at
     pipe.prune_target, pipe.prune_min_examples = c.prune_target, c.prune_min_examples
   ro = exp.rollout
-  if ro.external_samples or ro.distill:  # ERILS / distillation: the teacher is a longer-trained warm start
-    teacher = dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=ro.teacher_sft_steps))
-    _, pipe.teacher_params, _, _ = warm_start(teacher, train_examples)
+  if ro.external_samples or ro.distill:  # ERILS / distillation: a local checkpoint or a longer-trained warm start
+    if ro.teacher_path:
+      pipe.teacher_cfg, pipe.teacher_params = models.load_hf_checkpoint(ro.teacher_path,
+                                                                        dtype=jax.numpy.dtype(exp.model.dtype))
+      if pipe.teacher_cfg.vocab_size != cfg.vocab_size:
+        raise ValueError(f"rollout.teacher_path={ro.teacher_path!r}: the teacher's vocabulary "
+                         f"({pipe.teacher_cfg.vocab_size}) is not the student's ({cfg.vocab_size}).")
+    else:
+      teacher = dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=ro.teacher_sft_steps))
+      pipe.teacher_cfg, pipe.teacher_params, _, _ = warm_start(teacher, train_examples)
     pipe.external_samples, pipe.distill, pipe.distill_window = ro.external_samples, ro.distill, ro.distill_window
     pipe.adwin = (ro.adwin_every, ro.adwin_gamma, ro.adwin_tau)
   if exp.rollout.generator == "tree":  # tree rollouts (ECHO / TreeRL)

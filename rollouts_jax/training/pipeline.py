@@ -89,7 +89,8 @@ class RolloutPipeline:
       pruning ("" : off): ceil(N * (1 + oversample)) rows per prompt run `prune_at` tokens,
       a quality head keeps N of them (a `prune_target` share of likely successes), and only
       those continue; random pruning until the head has seen `prune_min_examples` outcomes.
-    teacher_params: a stronger policy (ERILS's external policy, distillation's teacher).
+    teacher_params, teacher_cfg: a stronger policy (ERILS's external policy, distillation's
+      teacher) and its model config (None: the student's; any size with the same vocabulary).
     external_samples: ERILS's teacher rollouts per prompt (0: off); they join each group
       with `source_ids` 1, finished ones only.
     distill, distill_window, adwin: on-policy distillation ("opd", "esr", "adwin"; "": off):
@@ -131,6 +132,7 @@ class RolloutPipeline:
   prune_target: float = 0.5
   prune_min_examples: int = 64
   teacher_params: Any = None
+  teacher_cfg: Optional[models.ModelConfig] = None
   external_samples: int = 0
   distill: str = ""
   distill_window: int = 16
@@ -285,8 +287,8 @@ class RolloutPipeline:
                                 arrol=aux["arrol"], drafts=aux["drafts"], window=aux["window"]), info
 
   # -- stages ------------------------------------------------------------------------------------
-  def _sample(self, params, ids, mask, key, conf):
-    return jax.device_get(sampling.sample(self.cfg, params, ids, mask, key, conf))
+  def _sample(self, params, ids, mask, key, conf, cfg=None):
+    return jax.device_get(sampling.sample(cfg or self.cfg, params, ids, mask, key, conf))
 
   def _sample_pruned(self, params, ids, mask, key, head, stats: "_Stats"):
     """ARRoL: over-sample prefixes, keep N per prompt by the quality head, continue those.
@@ -507,7 +509,7 @@ class RolloutPipeline:
     The single-sample form of the reverse KL (GKD, Agarwal et al. 2024): maximizing it pulls
     the student toward the teacher on the student's own prefixes.
     """
-    scored, _ = sol_rl.recompute_batch(self.cfg, self.teacher_params, batch,
+    scored, _ = sol_rl.recompute_batch(self.teacher_cfg or self.cfg, self.teacher_params, batch,
                                        temperature=self.sampling_config.temperature)
     m = np.asarray(batch.completion_mask)
     adv = np.where(m, np.asarray(scored.old_logprobs) - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)
@@ -551,7 +553,7 @@ class RolloutPipeline:
     """
     conf = self.sampling_config
     K = self.external_samples
-    out = self._sample(self.teacher_params, ids, mask, key, conf.replace(num_samples=K))
+    out = self._sample(self.teacher_params, ids, mask, key, conf.replace(num_samples=K), cfg=self.teacher_cfg)
     ext = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=-1)
     lengths = np.asarray(out.lengths)
     ended = np.ones(lengths.shape, bool)   # without an EOS id nothing can be told apart

@@ -1,5 +1,7 @@
 """On-policy distillation (OPD), ESR and ADWIN through the pipeline, with a stand-in teacher."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,6 +58,36 @@ def test_adwin_adapts_the_window_from_full_probes(monkeypatch):
   for step in range(1, 6):
     _, state, info = p.collect(state, params, step, jax.random.key(step))
   assert int(state.window) == 4 and info["distill/window"] == 4
+
+
+def test_a_teacher_of_another_size_from_a_local_checkpoint(tmp_path):
+  """`rollout.teacher_path`: a larger teacher (same vocabulary) is loaded and scores the student's
+  tokens with its own config; a teacher of another vocabulary is refused, naming the key."""
+  from tests.pipeline.test_stages import TOK
+  student = models.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1,
+                               num_heads=2, num_kv_heads=1, eos_token_ids=(TOK.eos_id,), pad_token_id=TOK.pad_id)
+  big = dataclasses.replace(student, hidden_size=32, intermediate_size=64, num_layers=2)
+  models.save_hf_checkpoint(tmp_path / "teacher", big, models.init_params(big, jax.random.key(5)))
+  p, params = _pipeline(_exp(rollout={"num_samples": 4, "max_new_tokens": 16, "distill": "opd",
+                                      "teacher_path": str(tmp_path / "teacher")}))
+  assert p.teacher_cfg.num_layers == 2 and p.teacher_cfg.hidden_size == 32
+  batch, _, _ = p.collect(p.init_state(), params, 0, jax.random.key(0))
+  B, N, T = batch.completion_ids.shape
+  rows = np.concatenate([np.repeat(np.asarray(batch.prompt_ids), N, 0),
+                         np.asarray(batch.completion_ids).reshape(B * N, T)], 1)
+  attn = np.concatenate([np.repeat(np.asarray(batch.prompt_mask), N, 0), np.ones((B * N, T), bool)], 1)
+  P = batch.prompt_ids.shape[1]
+  teacher = np.asarray(models.token_logprobs(big, p.teacher_params, jnp.asarray(rows), jnp.asarray(attn), P)[0])
+  student_lp = np.asarray(models.token_logprobs(p.cfg, params, jnp.asarray(rows), jnp.asarray(attn), P)[0])
+  m = np.asarray(batch.completion_mask).reshape(B * N, T)
+  np.testing.assert_allclose(np.asarray(batch.token_advantages).reshape(B * N, T)[m], (teacher - student_lp)[m],
+                             atol=2e-4)
+  other = dataclasses.replace(big, vocab_size=big.vocab_size + 3)
+  models.save_hf_checkpoint(tmp_path / "other", other, models.init_params(other, jax.random.key(6)))
+  with pytest.raises(ValueError, match="rollout.teacher_path.*vocabulary"):
+    _pipeline(_exp(rollout={"max_new_tokens": 16, "distill": "opd", "teacher_path": str(tmp_path / "other")}))
+  with pytest.raises(FileNotFoundError, match="rollout.teacher_path"):
+    _exp(rollout={"max_new_tokens": 16, "distill": "opd", "teacher_path": str(tmp_path / "nothing")})
 
 
 @pytest.mark.parametrize("rollout,match", [

@@ -572,7 +572,8 @@ def validate(cfg: ExperimentConfig) -> None:
       raise ValueError(f"rl.advantage={rl.advantage!r} needs reference rewards: set reward.ref_samples > 0.")
   ac = cfg.async_rl
   _positive(ac.max_staleness, "async_rl.max_staleness", allow_zero=True)
-  _one_of(ac.old_logprobs, ("recompute", "snapshot", "ewma"), "async_rl.old_logprobs")
+  from rollouts_jax.training.async_rollouts import OLD_LOGPROBS  # pylint: disable=g-import-not-at-top
+  _one_of(ac.old_logprobs, OLD_LOGPROBS, "async_rl.old_logprobs")
   if not 0.0 < ac.ewma_beta < 1.0:
     raise ValueError(f"Config key async_rl.ewma_beta must be in (0, 1), got {ac.ewma_beta}.")
   if (ac.max_staleness > 0 and ac.old_logprobs == "recompute" or ac.old_logprobs == "ewma") and not cfg.rl.tis_cap > 0:

@@ -11,7 +11,8 @@ from rollouts_jax.advantages.alias import dr_grpo, erils, grpo, mc_grpo, pvpo, r
 from rollouts_jax.advantages.base import (AdvantageTransform, ChainState, EmptyState, apply,
                                           chain)
 from rollouts_jax.advantages import tree
-from rollouts_jax.advantages.tree import echo_hybrid_advantages, normalized_confidence, tree_node_advantages
+from rollouts_jax.advantages.tree import (echo_hybrid_advantages, mean_token_confidence, normalized_confidence,
+                                          tree_node_advantages)
 from rollouts_jax.advantages.clustering import (cluster_by_answer, cluster_by_judge, llm_judge,
                                                 pairwise_judge)
 from rollouts_jax.advantages.transforms import (batch_std, clip, group_mean, group_mean_baseline,
@@ -30,5 +31,5 @@ __all__ = [
     "novelty_sharpen", "reference_anchor", "group_mean", "group_std", "group_median",
     "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils", "per_source", "RECIPES",
     "clustering", "cluster_by_answer", "cluster_by_judge", "llm_judge", "pairwise_judge",
-    "tree", "tree_node_advantages", "echo_hybrid_advantages", "normalized_confidence",
+    "tree", "tree_node_advantages", "echo_hybrid_advantages", "normalized_confidence", "mean_token_confidence",
 ]

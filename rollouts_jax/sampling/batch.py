@@ -46,6 +46,8 @@ class RolloutBatch:
     token_advantages: optional float32 [B, N, T], per-token advantages that replace the
       advantage recipe's per-sample ones in the loss (tree rollouts' node values, on-policy
       distillation's per-token teacher signal). The recipe's sample mask still applies.
+    confidence: optional float32 [B, N], each response's mean token confidence (DeepConf's C,
+      recorded by tree rollouts), for ECHO's adaptive clip and hybrid shaping.
     source_ids: optional int32 [B, N], which policy produced each sample (0: the policy being
       trained; 1: an external policy, ERILS), for per-source advantages.
   """
@@ -66,6 +68,7 @@ class RolloutBatch:
   ref_mask: Any = None
   token_advantages: Any = None
   source_ids: Any = None
+  confidence: Any = None
 
   @property
   def shape(self) -> tuple[int, int, int]:
@@ -126,7 +129,8 @@ class RolloutBatch:
 
 _TOKEN_FIELDS = ("completion_ids", "completion_mask", "behaviour_logprobs", "policy_version", "old_logprobs",
                  "entropy", "token_advantages")
-_SAMPLE_FIELDS = _TOKEN_FIELDS + ("rewards", "sample_mask", "cluster_ids", "seq_logprobs", "source_ids")
+_SAMPLE_FIELDS = _TOKEN_FIELDS + ("rewards", "sample_mask", "cluster_ids", "seq_logprobs", "source_ids",
+                                  "confidence")
 
 
 def teacher_forced_rows(prompt_ids_BxP, prompt_mask_BxP, completion_ids_BxNxT):
@@ -163,7 +167,7 @@ def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
 
   padded = [pad(b) for b in batches]
   for f in ("old_logprobs", "entropy", "cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask", "token_advantages",
-            "source_ids"):
+            "confidence", "source_ids"):
     present = {getattr(b, f) is not None for b in padded}
     if len(present) > 1:
       raise ValueError(f"concat: field {f!r} is set in some batches and not in others.")

@@ -208,6 +208,15 @@ class RLConfig:
   # noisy; a larger epsilon keeps Adam from scaling them up to full-size steps.
   adam_eps: float = 1e-8
   freeze: str = ""              # comma-separated parameter names kept fixed during RL, e.g. "embed"
+  # ECHO (arXiv 2602.02150), with tree rollouts (their responses carry a confidence):
+  # echo_clip: each response's symmetric clip range grows with its group-normalised confidence,
+  # from echo_eps_lo to echo_eps_hi (in place of clip_low / clip_high);
+  # echo_shaping = lambda > 0: advantages scaled by (1 - lambda) + lambda H_t / mean H (token
+  # entropy over the response's mean), and positive ones also by the normalised confidence.
+  echo_clip: bool = False
+  echo_eps_lo: float = 0.1
+  echo_eps_hi: float = 0.28
+  echo_shaping: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -550,6 +559,17 @@ def validate(cfg: ExperimentConfig) -> None:
   _one_of(rl.agg, losses.AGG_MODES, "rl.agg")
   _one_of(rl.kl_kind, losses.KL_KINDS, "rl.kl_kind")
   _one_of(rl.tis_mode, losses.TIS_MODES, "rl.tis_mode")
+  if rl.echo_clip or rl.echo_shaping:
+    if ro.generator != "tree":
+      raise ValueError("rl.echo_clip / rl.echo_shaping need rollout.generator='tree' (tree rollouts record each "
+                       "response's confidence).")
+    if rl.echo_clip and rl.loss_kind != "ppo_clip":
+      raise ValueError(f"rl.echo_clip replaces ppo_clip's clip range; rl.loss_kind is {rl.loss_kind!r}.")
+    if not 0 <= rl.echo_eps_lo <= rl.echo_eps_hi:
+      raise ValueError(f"Config keys rl.echo_eps_lo / rl.echo_eps_hi must satisfy 0 <= lo <= hi, got "
+                       f"{rl.echo_eps_lo}, {rl.echo_eps_hi}.")
+    if not 0 <= rl.echo_shaping <= 1:
+      raise ValueError(f"Config key rl.echo_shaping must be in [0, 1], got {rl.echo_shaping}.")
   for key in ("clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef", "tis_cap", "weight_decay",
               "grad_clip", "warmup_steps", "micro_batch_size"):
     _positive(getattr(rl, key), f"rl.{key}", allow_zero=True)

@@ -414,6 +414,8 @@ class RolloutPipeline:
           aux["window"] = self._adwin_probe(params, ids, mask, idx, int(aux["window"]), jax.random.fold_in(key, 6),
                                             stats)
       if self.tree is not None:
+        batch = batch.replace(confidence=np.asarray(advantages.mean_token_confidence(
+            jnp.asarray(tinfo.confidence), jnp.asarray(batch.completion_mask)), np.float32))
         batch = batch.replace(token_advantages=np.asarray(advantages.tree_node_advantages(
             jnp.asarray(r), jnp.asarray(tinfo.split), jnp.asarray(tinfo.leaf_mask),
             jnp.asarray(batch.completion_mask)), np.float32))

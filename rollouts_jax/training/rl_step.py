@@ -140,6 +140,21 @@ def batch_logprobs(params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array
   return jnp.where(completion_mask, lp.reshape(completion_ids.shape), 0.0)
 
 
+def echo_shaped(adv_BxNxT: jax.Array, rollouts: RolloutBatch, sample_mask_BxN: jax.Array, lam: float) -> jax.Array:
+  """ECHO's hybrid shaping of (per-sample [B, N, 1] or per-token [B, N, T]) advantages, per token.
+
+  A_t ((1 - lam) + lam H_t / mean_t H) (c if A_t > 0 else 1), with c the response's confidence
+  normalised within its group (`advantages.echo_hybrid_advantages`, applied token by token).
+  """
+  mask = rollouts.completion_mask
+  pos = advantages_lib.echo_hybrid_advantages(jnp.ones(mask.shape[:2]), rollouts.entropy, rollouts.confidence, mask,
+                                              lam=lam, sample_mask_BxN=sample_mask_BxN)
+  neg = -advantages_lib.echo_hybrid_advantages(-jnp.ones(mask.shape[:2]), rollouts.entropy, rollouts.confidence,
+                                               mask, lam=lam, sample_mask_BxN=sample_mask_BxN)
+  adv = jnp.broadcast_to(adv_BxNxT, mask.shape)
+  return jnp.where(mask, adv * jnp.where(adv > 0, pos, neg), 0.0)
+
+
 def _advantage_extras(rollouts: RolloutBatch) -> dict[str, Any]:
   extra = {}
   for name in ("cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask", "source_ids"):
@@ -185,6 +200,12 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   else:
     adv_R = adv_BxN.reshape(R)
   loss_mask_RxT = rollouts.completion_mask.reshape(R, T) & sample_mask_BxN.reshape(R, 1)
+  if rl.echo_shaping > 0:   # ECHO's entropy-confidence hybrid shaping, per token
+    adv_R = echo_shaped(adv_R.reshape(B, N, -1) if adv_R.ndim == 2 else adv_R.reshape(B, N, 1), rollouts,
+                        sample_mask_BxN, rl.echo_shaping).reshape(R, T)
+  conf_R = None
+  if rl.echo_clip:
+    conf_R = advantages_lib.normalized_confidence(rollouts.confidence, sample_mask_BxN).reshape(R)
   rollout_lp = rollouts.behaviour_logprobs.reshape(R, T)
   M = rl.num_minibatches
   rows_per_mb = R // M
@@ -206,11 +227,15 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   def micro_loss(params, mb, totals):
     lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature)
     old = jax.lax.stop_gradient(lp) if mb.get("old") is None else mb["old"]
-    pg, m = losses.policy_loss(
-        lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low, clip_high=rl.clip_high,
-        agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=max_len,
-        rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None,
-        tis_mode=rl.tis_mode)
+    common = dict(agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=max_len,
+                  rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None,
+                  tis_mode=rl.tis_mode)
+    if rl.echo_clip:
+      pg, m = losses.echo_policy_loss(lp, old, mb["adv"], mb["mask"], mb["conf"], rl.echo_eps_lo, rl.echo_eps_hi,
+                                      **common)
+    else:
+      pg, m = losses.policy_loss(lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low,
+                                 clip_high=rl.clip_high, **common)
     total = pg
     m = dict(m, pg_loss=pg)
     if rl.kl_coef > 0:
@@ -234,6 +259,8 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
       mb["old"] = sl(old_lp)
     if ref_lp is not None:
       mb["ref"] = sl(ref_lp)
+    if conf_R is not None:
+      mb["conf"] = sl(conf_R)
     totals = (jnp.sum(mb["mask"]), jnp.sum(jnp.any(mb["mask"], axis=1)), rows_per_mb)
     micro_batches = jax.tree_util.tree_map(lambda x: _split(x, n_micro), mb)
 

@@ -44,3 +44,13 @@ def test_tree_batch_shares_prefixes_and_carries_node_advantages():
 def test_tree_config_errors_name_the_key(rollout, extra, match):
   with pytest.raises(ValueError, match=match):
     config_lib.validate(_exp(rollout=rollout, **extra))
+
+
+@pytest.mark.parametrize("rl,match", [({"echo_clip": True}, "rollout.generator='tree'"),
+                                      ({"echo_shaping": 0.5}, "rollout.generator='tree'")])
+def test_echo_options_need_tree_rollouts(rl, match):
+  from rollouts_jax.training import config as config_lib
+  with pytest.raises(ValueError, match=match):
+    config_lib.from_config_dict({"rl": rl})
+  with pytest.raises(ValueError, match="rl.echo_shaping"):
+    config_lib.from_config_dict({"rl": {"echo_shaping": 1.5}, "rollout": {"generator": "tree"}})

@@ -228,3 +228,40 @@ def test_token_advantages_replace_the_recipes_and_weight_each_token():
   before, _ = rl.completion_logprobs(CFG, _state(base).params, tokens, attn, P, 1.0)
   after, _ = rl.completion_logprobs(CFG, s_c.params, tokens, attn, P, 1.0)
   assert float(after[0, 0]) > float(before[0, 0])
+
+
+def test_echo_clip_with_equal_bounds_is_ppo_clip_and_differs_otherwise():
+  rng = np.random.default_rng(3)
+  r = _rollouts(seed=3)
+  r = r.replace(old_logprobs=jnp.asarray(rng.normal(-3.0, 0.5, r.completion_ids.shape), jnp.float32),
+                confidence=jnp.asarray(rng.uniform(1, 3, r.rewards.shape), jnp.float32))
+  plain = RLConfig(steps=5, learning_rate=1e-2, warmup_steps=0, clip_low=0.2, clip_high=0.2)
+  echo = dataclasses.replace(plain, echo_clip=True, echo_eps_lo=0.2, echo_eps_hi=0.2)
+  s_plain, m_plain = rl.rl_step(_state(plain), r, None, cfg=CFG, rl=plain)
+  s_echo, m_echo = rl.rl_step(_state(echo), r, None, cfg=CFG, rl=echo)
+  np.testing.assert_allclose(m_echo["loss"], m_plain["loss"], rtol=1e-6)
+  np.testing.assert_allclose(m_echo["clip_frac_low"] + m_echo["clip_frac_high"],
+                             m_plain["clip_frac_low"] + m_plain["clip_frac_high"], rtol=1e-6)
+  assert float(m_plain["clip_frac_low"] + m_plain["clip_frac_high"]) > 0   # the clip matters here
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                         s_echo.params, s_plain.params)
+  wide = dataclasses.replace(echo, echo_eps_lo=0.1, echo_eps_hi=0.28)
+  _, m_wide = rl.rl_step(_state(wide), r, None, cfg=CFG, rl=wide)
+  assert abs(float(m_wide["loss"]) - float(m_plain["loss"])) > 1e-6
+  assert 0.1 < float(m_wide["clip_eps_mean"]) < 0.28
+
+
+def test_echo_shaping_scales_each_token_by_entropy_and_positive_ones_by_confidence():
+  r = rl.Rollouts.empty(1, 2, 1, 2).replace(
+      completion_mask=np.ones((1, 2, 2), bool), sample_mask=np.ones((1, 2), bool),
+      entropy=np.array([[[1., 3.], [2., 2.]]], np.float32), confidence=np.array([[2., 1.]], np.float32))
+  per_sample = rl.echo_shaped(jnp.array([[[1.], [-1.]]]), r, jnp.ones((1, 2), bool), 0.5)
+  np.testing.assert_allclose(per_sample, [[[0.75, 1.25], [-1.0, -1.0]]], rtol=1e-6)
+  # Per-token advantages of both signs: the confidence factor (0 for the less confident
+  # response, normalised in its group) applies to the positive tokens only.
+  per_token = rl.echo_shaped(jnp.array([[[2., -2.], [1., -1.]]]), r, jnp.ones((1, 2), bool), 0.5)
+  np.testing.assert_allclose(per_token, [[[1.5, -2.5], [0.0, -1.0]]], rtol=1e-6)
+  # lambda = 0 with a flat group: unchanged.
+  flat = r.replace(confidence=np.array([[1., 1.]], np.float32))
+  np.testing.assert_allclose(rl.echo_shaped(jnp.array([[[2., -2.], [1., -1.]]]), flat, jnp.ones((1, 2), bool), 0.0),
+                             [[[2., -2.], [1., -1.]]])

@@ -28,7 +28,6 @@ the same balance step by step (a group dropped anywhere breaks it). Writes
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -41,6 +40,9 @@ import time
 from typing import Any, Callable, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+from reproduce import _past, mean_spread  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
 RESULTS = REPO / "experiments" / "results"
 CONFIG = "configs/april_parity.py"
 ARMS = ("sync", "april")
@@ -160,21 +162,6 @@ def run_result(workdir: pathlib.Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Aggregation, verdict, outputs (pure functions of run records).
 # ---------------------------------------------------------------------------------------------
-
-def mean_spread(values: Sequence[float]) -> dict[str, Any]:
-  """Mean, sample standard deviation (ddof=1; 0 for one value), standard error and n.
-
-  >>> mean_spread([1.0, 2.0, 3.0])
-  {'mean': 2.0, 'spread': 1.0, 'se': 0.5773502691896258, 'n': 3}
-  """
-  vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-  n = len(vals)
-  if not n:
-    return {"mean": None, "spread": None, "se": None, "n": 0}
-  mean = sum(vals) / n
-  spread = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
-  return {"mean": mean, "spread": spread, "se": spread / math.sqrt(n), "n": n}
-
 
 def aggregate(results: Sequence[dict]) -> dict[str, dict[str, Any]]:
   """{arm: {"seeds", column: mean_spread + "values" (per seed, in seed order)}} over METRICS."""
@@ -383,14 +370,6 @@ def run_one(arm: str, seed: int, workdir: pathlib.Path, overrides: Sequence[str]
                 load1=[spent["load"][0][0], spent["load"][-1][1]])
   result_file.write_text(json.dumps(result, indent=1))
   return result
-
-
-def _past(stop_at: str | None) -> bool:
-  if not stop_at:
-    return False
-  now = datetime.datetime.now(datetime.timezone.utc)
-  hh, mm = (int(x) for x in stop_at.split(":"))
-  return (now.hour, now.minute) >= (hh, mm)
 
 
 def run_all(*, seeds: int, runs_dir: pathlib.Path, results_dir: pathlib.Path, threads: int = 1,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -45,7 +44,7 @@ LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k
           "grpo": "GRPO (task reward)"}
 
 sys.path.insert(0, str(REPO / "experiments"))
-from reproduce import child_env, mean_spread  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from reproduce import _past, child_env, mean_spread  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 # ---------------------------------------------------------------------------------------------
@@ -594,14 +593,6 @@ def run_one(arm: str, seed: int, workdir: pathlib.Path, overrides: Sequence[str]
                 arm=arm, seed=seed, wall_s=wall, load_start=os.getloadavg()[0])
   result_file.write_text(json.dumps(result, indent=1))
   return result
-
-
-def _past(stop_at: str | None) -> bool:
-  if not stop_at:
-    return False
-  now = datetime.datetime.now(datetime.timezone.utc)
-  hh, mm = (int(x) for x in stop_at.split(":"))
-  return (now.hour, now.minute) >= (hh, mm)
 
 
 def main(argv=None):

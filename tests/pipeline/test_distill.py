@@ -3,12 +3,11 @@
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rollouts_jax import models
-from rollouts_jax.training import config as config_lib
+from rollouts_jax.training import config as config_lib, rl_step
 
 from tests.pipeline.test_stages import _exp, _pipeline
 
@@ -22,19 +21,20 @@ def _distill_pipeline(monkeypatch, **rollout):
   return p, params
 
 
+def _teacher_minus_student(batch, teacher_cfg, teacher_params, student_cfg, student_params):
+  """log p_teacher - log p_student of every completion token, [B, N, T], recomputed independently."""
+  lp = lambda cfg, params: np.asarray(rl_step.batch_logprobs(
+      params, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, cfg=cfg))
+  return lp(teacher_cfg, teacher_params) - lp(student_cfg, student_params)
+
+
 def test_opd_token_advantages_are_teacher_minus_student_logprobs(monkeypatch):
   p, params = _distill_pipeline(monkeypatch, distill="opd")
   batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
-  B, N, T = batch.completion_ids.shape
-  rows = np.concatenate([np.repeat(np.asarray(batch.prompt_ids), N, 0),
-                         np.asarray(batch.completion_ids).reshape(B * N, T)], 1)
-  attn = np.concatenate([np.repeat(np.asarray(batch.prompt_mask), N, 0), np.ones((B * N, T), bool)], 1)
-  P = batch.prompt_ids.shape[1]
-  teacher = np.asarray(models.token_logprobs(p.cfg, p.teacher_params, jnp.asarray(rows), jnp.asarray(attn), P)[0])
-  student = np.asarray(models.token_logprobs(p.cfg, params, jnp.asarray(rows), jnp.asarray(attn), P)[0])
-  m = np.asarray(batch.completion_mask).reshape(B * N, T)
-  adv = np.asarray(batch.token_advantages).reshape(B * N, T)
-  np.testing.assert_allclose(adv[m], (teacher - student)[m], atol=2e-4)
+  m = np.asarray(batch.completion_mask)
+  adv = np.asarray(batch.token_advantages)
+  np.testing.assert_allclose(adv[m], _teacher_minus_student(batch, p.cfg, p.teacher_params, p.cfg, params)[m],
+                             atol=2e-4)
   assert (adv[~m] == 0).all()
   assert info["distill/reverse_kl"] == pytest.approx(-adv[m].mean(), rel=1e-4)
 
@@ -72,16 +72,9 @@ def test_a_teacher_of_another_size_from_a_local_checkpoint(tmp_path):
                                       "teacher_path": str(tmp_path / "teacher")}))
   assert p.teacher_cfg.num_layers == 2 and p.teacher_cfg.hidden_size == 32
   batch, _, _ = p.collect(p.init_state(), params, 0, jax.random.key(0))
-  B, N, T = batch.completion_ids.shape
-  rows = np.concatenate([np.repeat(np.asarray(batch.prompt_ids), N, 0),
-                         np.asarray(batch.completion_ids).reshape(B * N, T)], 1)
-  attn = np.concatenate([np.repeat(np.asarray(batch.prompt_mask), N, 0), np.ones((B * N, T), bool)], 1)
-  P = batch.prompt_ids.shape[1]
-  teacher = np.asarray(models.token_logprobs(big, p.teacher_params, jnp.asarray(rows), jnp.asarray(attn), P)[0])
-  student_lp = np.asarray(models.token_logprobs(p.cfg, params, jnp.asarray(rows), jnp.asarray(attn), P)[0])
-  m = np.asarray(batch.completion_mask).reshape(B * N, T)
-  np.testing.assert_allclose(np.asarray(batch.token_advantages).reshape(B * N, T)[m], (teacher - student_lp)[m],
-                             atol=2e-4)
+  m = np.asarray(batch.completion_mask)
+  np.testing.assert_allclose(np.asarray(batch.token_advantages)[m],
+                             _teacher_minus_student(batch, big, p.teacher_params, p.cfg, params)[m], atol=2e-4)
   other = dataclasses.replace(big, vocab_size=big.vocab_size + 3)
   models.save_hf_checkpoint(tmp_path / "other", other, models.init_params(other, jax.random.key(6)))
   with pytest.raises(ValueError, match="rollout.teacher_path.*vocabulary"):

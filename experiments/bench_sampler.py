@@ -12,7 +12,10 @@ truncation, no early EOS stop). For each shape the two sides alternate in one pr
   every 2 ms in a separate, untimed call), and for ours XLA's own buffer assignment
   (temporaries + outputs of the compiled program);
 * our decode FLOP/s over a plain 512x2048x2048 float32 matmul's, measured in the same run
-  (FLOPs counted as the weights' matmuls per token plus attention over the real context).
+  (FLOPs counted as the weights' matmuls per token plus attention over the real context);
+* peak memory against N past the timed shapes (prompt 256, N up to `--memory_sweep`'s
+  largest): XLA's buffer assignment for our compiled program (compiled, not run), with the
+  automatic `sample_chunk`, to show that the memory budget, not N, sets it.
 
 Contention: torch's `generate` slows far more than JAX's sampler when other processes use
 the CPU, which flatters us. The script refuses to start when the 1-minute load average is
@@ -46,6 +49,9 @@ flags.DEFINE_float("max_other_cores", 0.3, "Mark a timing BUSY when others used 
 flags.DEFINE_integer("threads", 0, "torch threads (0: os.cpu_count(), what XLA:CPU uses).")
 flags.DEFINE_bool("skip_hf", False, "Only time our sampler.")
 flags.DEFINE_float("decode_memory_mb", 0, "Our automatic sample_chunk's budget (0: the default).")
+flags.DEFINE_string("memory_sweep", "8,64,256,1024,4096",
+                    "Samples per prompt (prompt 256, batch 2, 64 new tokens) whose compiled peak memory is "
+                    "reported ('' for none).")
 
 # name: (batch, samples per prompt, prompt length, new tokens)
 SHAPES = {
@@ -227,6 +233,24 @@ def main(_):
       line += "\n    BUSY: " + "; ".join(busy)
     print(line, flush=True)
     results["shapes"][name] = r
+
+  sweep = [int(n) for n in FLAGS.memory_sweep.split(",") if n.strip()]
+  if sweep:
+    B, _, P, T = SHAPES["p256_n256"]
+    prompt, mask = jnp.ones((B, P), jnp.int32), jnp.ones((B, P), bool)
+    results["memory_sweep"] = {}
+    for n in sweep:
+      conf = sampling.SamplingConfig(num_samples=n, max_new_tokens=T, eos_id=None, prompt_buckets=())
+      if FLAGS.decode_memory_mb:
+        conf = conf.replace(decode_memory_mb=FLAGS.decode_memory_mb)
+      mem = sampler_lib._sample_jit.lower(cfg, conf, params, prompt, mask, jax.random.key(0)).compile().memory_analysis()
+      mb = (mem.temp_size_in_bytes + mem.output_size_in_bytes) / 2 ** 20
+      chunk = sampler_lib.auto_sample_chunk(cfg, conf, B)
+      results["memory_sweep"][n] = dict(sample_chunk=chunk, ours_xla_temp_plus_output_mb=mb)
+    print(f"peak memory against N (prompt {P}, batch {B}, {T} new tokens; XLA temp+out, compiled, budget "
+          f"{conf.decode_memory_mb:g} MiB): " + ", ".join(
+              f"N {n}: {r['ours_xla_temp_plus_output_mb']:.0f} MiB (chunk {r['sample_chunk']})"
+              for n, r in results["memory_sweep"].items()), flush=True)
 
   results["load1_at_end"] = os.getloadavg()[0]
   results["busy"] = any_busy

@@ -406,6 +406,112 @@ class RolloutProducer:
       self._thread.join()
 
 
+
+def init_state(exp, params, *, threaded: bool = False) -> dict | None:
+  """The async part of the loop's checkpointed state (None when the run has none).
+
+  The `max_staleness` versions a restarted producer needs (generated again from them, so a
+  resumed run computes what an uninterrupted one does) and the EWMA proximal policy; copies,
+  since the train step donates the params it is given.
+
+  Raises:
+    ValueError: a producer thread (`max_staleness` > 0 or `threaded`) in a multi-process run.
+  """
+  eta, mode = exp.async_rl.max_staleness, exp.async_rl.old_logprobs
+  if (eta > 0 or threaded) and jax.process_count() > 1:
+    raise ValueError("async_rl.max_staleness > 0 runs a producer thread, which needs a single process "
+                     f"({jax.process_count()} processes here); use the rollout mesh of one process.")
+  if eta <= 0 and mode != "ewma":
+    return None
+  state = {}
+  if eta > 0:
+    state["snapshots"] = [copy_tree(params) for _ in range(eta)]
+  if mode == "ewma":
+    state["ewma"] = {"params": copy_tree(params), "total": jnp.zeros((), jnp.float32)}
+  return state
+
+
+class BatchSource:
+  """The loop's batches: collected in line (synchronous) or taken from a `RolloutProducer`.
+
+  It also keeps what the old log-probs need (the published versions, the EWMA) and gives the
+  async state a checkpoint holds (`state`).
+
+  Args:
+    exp: the experiment config; cfg: the model config.
+    collect: `(pipeline_state, rollout_params, step, version) -> (batch, pipeline_state, info)`.
+    async_state: `init_state`'s dict (restored from a checkpoint when resuming), or None.
+    params: the current params (version `start`).
+    start: the first step to produce; pipeline_state: the pipeline's state before it.
+    handoff: `params -> rollout params`; context: the rollout mesh's sharding rules.
+    threaded: run the producer thread even at `max_staleness=0` (the synchronous loop computed
+      by the threaded machinery, a check of both).
+  """
+
+  def __init__(self, exp, cfg, collect: Callable, async_state: dict | None, params, *, start: int,
+               pipeline_state, handoff: Callable = lambda p: p, context: Callable = contextlib.nullcontext,
+               threaded: bool = False):
+    self.exp, self.cfg, self.eta = exp, cfg, exp.async_rl.max_staleness
+    self._collect, self._handoff, self._context = collect, handoff, context
+    self.ewma = (async_state or {}).get("ewma")
+    self.hub = self.producer = None
+    self._timing, self._got_s = {}, 0.0
+    if self.eta > 0 or threaded:
+      self.hub = ParamsHub(keep=self.eta)
+      for i, snap in enumerate(async_state["snapshots"] if self.eta > 0 else []):
+        if start - self.eta + i >= 0:
+          self.hub.publish(start - self.eta + i, snap)
+      self.hub.publish(start, copy_tree(params))
+      self.producer = RolloutProducer(collect, self.hub, pipeline_state, start=start, stop=exp.rl.steps,
+                                      max_staleness=self.eta, handoff=handoff, context=context).start()
+
+  def next(self, step: int, pipeline_state, params):
+    """`(batch, pipeline_state, info, version)` of `step`, with the old log-probs set when needed."""
+    t0 = time.perf_counter()
+    if self.producer is None:
+      with self._context():
+        batch, pipeline_state, info = self._collect(pipeline_state, self._handoff(params), step, step)
+      version = step
+    else:
+      item = self.producer.get(step)
+      batch, pipeline_state, info, version = item.batch, item.pipeline_state, item.info, item.version
+      info.update({"async/producer_wait_s": item.wait_s, "async/handoff_s": item.handoff_s,
+                   "async/collect_s": item.collect_s, "async/queued": float(self.producer.queued())})
+    self._got_s = time.perf_counter() - t0
+    if step - version > self.eta:
+      raise RuntimeError(f"Step {step}: a batch of version {version} exceeds async_rl.max_staleness={self.eta}.")
+    old = old_logprobs(self.exp, self.cfg, batch, step, params, self.hub, self.ewma)
+    if old is not None:
+      batch = batch.replace(old_logprobs=old)
+    return batch, pipeline_state, info, version
+
+  def updated(self, step: int, params) -> None:
+    """After step `step`'s update: the EWMA moves and version `step + 1` is published."""
+    if self.ewma is not None:
+      avg, total = ewma_update(self.ewma["params"], self.ewma["total"], params, self.exp.async_rl.ewma_beta)
+      self.ewma = {"params": avg, "total": total}
+    if self.hub is not None:
+      self.hub.publish(step + 1, copy_tree(params))
+
+  def metrics(self, info: dict, batch, step: int, version: int) -> None:
+    """Adds staleness, waits and the capacity prediction to the step's row (async runs only)."""
+    if self.hub is not None or self.eta > 0:
+      step_metrics(info, self.exp, batch, step, version, self._got_s, self._timing)
+
+  def state(self, step: int) -> dict:
+    """The async state a checkpoint after step `step` holds."""
+    out = {}
+    if self.eta > 0:
+      out["snapshots"] = [self.hub.get(max(0, v)) for v in range(step + 1 - self.eta, step + 1)]
+    if self.ewma is not None:
+      out["ewma"] = self.ewma
+    return out
+
+  def close(self) -> None:
+    if self.producer is not None:
+      self.producer.close()
+
+
 def staleness(batch, step: int) -> tuple[float, float]:
   """(max, mean) over trained tokens of `step - policy_version` (tokens of the trained policy only).
 

@@ -235,21 +235,9 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       functools.partial(init_train_state, tx=rl_optimizer(exp.rl)), params,
       placement.param_shardings if placement.active else None)
   state = {"train": train_state, "pipeline": pipeline.init_state()}
-  eta, old_mode = exp.async_rl.max_staleness, exp.async_rl.old_logprobs
-  if eta > 0 or threaded:
-    if jax.process_count() > 1:
-      raise ValueError("async_rl.max_staleness > 0 runs a producer thread, which needs a single process "
-                       f"({jax.process_count()} processes here); use the rollout mesh of one process.")
-  if eta > 0 or old_mode == "ewma":
-    # Versions the producer still needs after a restart (generated again from them, so a resumed
-    # run computes what an uninterrupted one does), and the EWMA proximal policy.
-    # (Copies: the train step donates the params it is given.)
-    state["async"] = {}
-    if eta > 0:
-      state["async"]["snapshots"] = [async_rollouts.copy_tree(state["train"].params) for _ in range(eta)]
-    if old_mode == "ewma":
-      state["async"]["ewma"] = {"params": async_rollouts.copy_tree(state["train"].params),
-                                "total": jax.numpy.zeros((), jax.numpy.float32)}
+  async_state = async_rollouts.init_state(exp, train_state.params, threaded=threaded)
+  if async_state is not None:   # the versions a restarted producer needs, the EWMA
+    state["async"] = async_state
   mesh = placement.mesh if placement.active else None
   ckpt = Checkpointer(workdir / "checkpoints", save_every=exp.checkpoint.every, keep=exp.checkpoint.keep)
   eval_examples = list(test_examples[:exp.eval.num_examples])
@@ -270,53 +258,24 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   # The pipeline works on host copies of every rollout. Across processes each process needs the whole
   # batch, so sampling runs without the rules' batch constraint there (its outputs stay replicated).
   rollout_context = placement.rollout_context if jax.process_count() == 1 else contextlib.nullcontext
-  hub = producer = None
-  ewma = state.get("async", {}).get("ewma")
-  if eta > 0 or threaded:
-    hub = async_rollouts.ParamsHub(keep=eta)
-    for i, snap in enumerate(state["async"]["snapshots"] if eta > 0 else []):
-      if start - eta + i >= 0:
-        hub.publish(start - eta + i, snap)
-    hub.publish(start, async_rollouts.copy_tree(state["train"].params))
-    collect = lambda ps, p, s, v: pipeline.collect(ps, p, s, jax.random.fold_in(base_key, s), ref_params=ref_params,
-                                                   version=v)
-    producer = async_rollouts.RolloutProducer(collect, hub, state["pipeline"], start=start, stop=exp.rl.steps,
-                                              max_staleness=eta, handoff=placement.rollout_params,
-                                              context=rollout_context).start()
-  timing = {}   # running means of the capacity model's inputs
+  # Batches come in line, or from a producer thread with `async_rl.max_staleness` > 0.
+  collect = lambda ps, p, s, v: pipeline.collect(ps, p, s, jax.random.fold_in(base_key, s), ref_params=ref_params,
+                                                 version=v)
+  source = async_rollouts.BatchSource(exp, cfg, collect, state.get("async"), state["train"].params, start=start,
+                                      pipeline_state=state["pipeline"], handoff=placement.rollout_params,
+                                      context=rollout_context, threaded=threaded)
   try:
     for step in range(start, exp.rl.steps):
       t0 = time.perf_counter()
-      if producer is None:
-        with rollout_context():
-          batch, pstate, info = pipeline.collect(state["pipeline"], placement.rollout_params(state["train"].params),
-                                                 step, jax.random.fold_in(base_key, step), ref_params=ref_params)
-        version, t_got = step, time.perf_counter()
-      else:
-        item = producer.get(step)
-        batch, pstate, info, version = item.batch, item.pipeline_state, item.info, item.version
-        t_got = time.perf_counter()
-        info.update({"async/producer_wait_s": item.wait_s, "async/handoff_s": item.handoff_s,
-                     "async/collect_s": item.collect_s, "async/queued": float(producer.queued())})
-      if step - version > eta:
-        raise RuntimeError(f"Step {step}: a batch of version {version} exceeds async_rl.max_staleness={eta}.")
-      old = async_rollouts.old_logprobs(exp, cfg, batch, step, state["train"].params, hub, ewma)
-      if old is not None:
-        batch = batch.replace(old_logprobs=old)
+      batch, pstate, info, version = source.next(step, state["pipeline"], state["train"].params)
       t1 = time.perf_counter()
       train_state, m = train_step(state["train"], placement.batch(batch), ref_params)
-      if ewma is not None:
-        avg, total = async_rollouts.ewma_update(ewma["params"], ewma["total"], train_state.params,
-                                                exp.async_rl.ewma_beta)
-        ewma = {"params": avg, "total": total}
-      if hub is not None:
-        hub.publish(step + 1, async_rollouts.copy_tree(train_state.params))
+      source.updated(step, train_state.params)
       state = dict(state, train=train_state, pipeline=pstate)
       m = {k: float(v) for k, v in jax.device_get(m).items()}
       t2 = time.perf_counter()
       info.update(m, **{"time/update": t2 - t1, "time/step": t2 - t0})
-      if hub is not None or eta > 0:
-        async_rollouts.step_metrics(info, exp, batch, step, version, t_got - t0, timing)
+      source.metrics(info, batch, step, version)
       info["tokens_per_s"] = info["generated_tokens"] / max(info["time/sample"], 1e-9)
       nonfinite_run = nonfinite_run + 1 if m["nonfinite"] > 0 else 0
       if m["nonfinite"] > 0:
@@ -330,11 +289,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
         logger.log(step + 1, summary["after"])
       stop = nonfinite_run >= exp.max_nonfinite_steps
       meta = {"rl_step": step + 1, "nonfinite_run": nonfinite_run, "summary": summary}
-      if "async" in state:   # the versions a restarted producer needs, the moving average
-        if eta > 0:
-          state["async"]["snapshots"] = [hub.get(max(0, v)) for v in range(step + 1 - eta, step + 1)]
-        if ewma is not None:
-          state["async"]["ewma"] = ewma
+      if "async" in state:
+        state["async"] = source.state(step)
       # Skipped updates leave the state finite.
       ckpt.save(step + 1, dict(state, pipeline=_global(state["pipeline"], mesh)), meta, force=done or stop)
       if stop:
@@ -347,8 +303,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
         ckpt.close()
         return {"stopped_at": step + 1, "params": state["train"].params}
   finally:
-    if producer is not None:
-      producer.close()
+    source.close()
   logger.close()
   ckpt.close()
   plots = plot_curves(workdir / "metrics.jsonl", workdir / "plots") if lead else []

@@ -20,10 +20,13 @@ _BASE = runpy.run_path(os.path.join(os.path.dirname(__file__), "repro_base.py"))
 
 
 def _arm(num_samples, step_factor=1):
-  def edit(config):
+  def edit(config, smoke=False):
     config.control.prompts_per_step = 2
     config.rollout.num_samples = num_samples
     config.rl.steps = 60 * step_factor
+    if smoke:   # the arms stay distinct in miniature: N / 4 samples (at least 2), step_factor steps
+      config.rollout.num_samples = max(num_samples // 4, 2)
+      config.rl.steps = step_factor
   return edit
 
 
@@ -33,7 +36,7 @@ ARMS = {"n8": _arm(8), "n32": _arm(32), "n128": _arm(128), "n8_steps4": _arm(8, 
 def get_config(arg=None):
   arm, smoke = _BASE["parse_arm"](arg, ARMS)
   config = _BASE["get_config"]("smoke" if smoke else None)
-  ARMS[arm](config)
   if smoke:
     apply_smoke(config)
+  ARMS[arm](config, smoke)
   return config

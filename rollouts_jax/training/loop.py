@@ -22,15 +22,15 @@ import time
 from typing import Any, Sequence
 
 import jax
-import numpy as np
 
 from rollouts_jax import control, models, replay, rewards, sampling, sharding, tasks
 from rollouts_jax.training import async_rollouts
 from rollouts_jax.training.checkpoint import Checkpointer
 from rollouts_jax.training.config import ExperimentConfig, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
-from rollouts_jax.training.metrics import MetricsLogger, plot_curves
+from rollouts_jax.training.metrics import MetricsLogger, NullLogger, plot_curves
 from rollouts_jax.training.pipeline import RolloutPipeline
+from rollouts_jax.training import placement as placement_lib
 from rollouts_jax.training.placement import Placement
 from rollouts_jax.training.policy import load_policy as _load_policy, prompt_instruction, warm_start as _warm_start
 from rollouts_jax.training import workdir as workdir_lib
@@ -135,57 +135,6 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
   return pipe
 
 
-def _abstract(tree):
-  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
-def _global(tree, mesh):
-  """Process-local arrays as replicated global ones (orbax saves only global arrays across processes).
-
-  Every process holds the same pipeline state (the pipeline is deterministic in the step's key), so
-  each local value is the replicated global value. The identity in a single process.
-  """
-  if jax.process_count() == 1:
-    return tree
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-  def to_global(x):
-    if not isinstance(x, jax.Array) or not x.is_fully_addressable:
-      return x
-    host = np.asarray(x)
-    return jax.make_array_from_callback(host.shape, replicated, lambda idx: host[idx])
-
-  return jax.tree_util.tree_map(to_global, tree)
-
-
-def _local(tree):
-  """The inverse of `_global` for a restored pipeline state: replicated global arrays as local ones."""
-  if jax.process_count() == 1:
-    return tree
-  return jax.tree_util.tree_map(
-      lambda x: jax.numpy.asarray(np.asarray(x)) if isinstance(x, jax.Array) and not x.is_fully_addressable else x,
-      tree)
-
-
-class _NoLog:
-  """The metrics logger of a process other than the first in a multi-process run: writes nothing."""
-
-  def log(self, step, metrics):
-    del step, metrics
-
-  def truncate_after(self, step):
-    del step
-
-  def close(self):
-    pass
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    pass
-
-
 def _train_step(step_args: dict, state_shardings=None, mesh=None):
   """The donated update `(state, batch, ref_params) -> (state, metrics)`.
 
@@ -218,9 +167,9 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   workdir_lib.check_workdir_config(workdir, dataclasses.asdict(exp), allow_change=allow_config_change,
                                    write=jax.process_index() == 0)
   lead = jax.process_index() == 0  # one process writes the logs, plots and summary of a multi-process run
-  logger = MetricsLogger(workdir, total_steps=exp.rl.steps if progress else None, desc="rl") if lead else _NoLog()
+  logger = MetricsLogger(workdir, total_steps=exp.rl.steps if progress else None, desc="rl") if lead else NullLogger()
   train_examples, test_examples = load_task(exp)
-  with (MetricsLogger(workdir / "sft", total_steps=None, desc="sft") if lead else _NoLog()) as sft_logger:  # own steps
+  with (MetricsLogger(workdir / "sft", total_steps=None, desc="sft") if lead else NullLogger()) as sft_logger:  # own steps
     cfg, params, tokenizer = load_policy(exp, train_examples, log_fn=sft_logger.log)
   placement = Placement(exp.mesh, cfg)
   params = placement.params(params)
@@ -243,9 +192,9 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   eval_examples = list(test_examples[:exp.eval.num_examples])
   start, nonfinite_run, summary = 0, 0, {}
   if ckpt.latest_step() is not None:
-    state, meta, _ = ckpt.restore_latest_intact(_abstract(dict(state, pipeline=_global(state["pipeline"], mesh))),
+    state, meta, _ = ckpt.restore_latest_intact(placement_lib.abstract(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh))),
                                                 quarantine=True)
-    state["pipeline"] = _local(state["pipeline"])
+    state["pipeline"] = placement_lib.local(state["pipeline"])
     start, nonfinite_run, summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
     log.info("Resumed from step %d", start)
   logger.truncate_after(start if start else -1)  # rows past the resumed step; all before a first checkpoint
@@ -292,7 +241,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       if "async" in state:
         state["async"] = source.state(step)
       # Skipped updates leave the state finite.
-      ckpt.save(step + 1, dict(state, pipeline=_global(state["pipeline"], mesh)), meta, force=done or stop)
+      ckpt.save(step + 1, dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh)), meta, force=done or stop)
       if stop:
         logger.close()
         ckpt.close()

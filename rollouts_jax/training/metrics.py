@@ -142,6 +142,25 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 _POSTFIX_KEYS = ("reward_mean", "accuracy", "loss", "kl", "entropy", "response_length")
 
 
+class NullLogger:
+  """The metrics logger of a process other than the first in a multi-process run: writes nothing."""
+
+  def log(self, step, metrics):
+    del step, metrics
+
+  def truncate_after(self, step):
+    del step
+
+  def close(self):
+    pass
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    pass
+
+
 class MetricsLogger:
   """Logs per-step metrics to `<workdir>/metrics.jsonl`, TensorBoard and a progress bar.
 

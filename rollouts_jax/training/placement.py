@@ -65,3 +65,36 @@ class Placement:
 
   def rollout_context(self):
     return self.roles.rollout_context() if self.active else contextlib.nullcontext()
+
+
+def abstract(tree):
+  """Shape, dtype and sharding of every array of `tree` (the target of a checkpoint restore)."""
+  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def replicated(tree, mesh):
+  """Process-local arrays as replicated global ones (orbax saves only global arrays across processes).
+
+  Every process holds the same pipeline state (the pipeline is deterministic in the step's key), so
+  each local value is the replicated global value. The identity in a single process.
+  """
+  if jax.process_count() == 1:
+    return tree
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def to_global(x):
+    if not isinstance(x, jax.Array) or not x.is_fully_addressable:
+      return x
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, replicated, lambda idx: host[idx])
+
+  return jax.tree_util.tree_map(to_global, tree)
+
+
+def local(tree):
+  """The inverse of `replicated` for a restored pipeline state: replicated global arrays as local ones."""
+  if jax.process_count() == 1:
+    return tree
+  return jax.tree_util.tree_map(
+      lambda x: jax.numpy.asarray(np.asarray(x)) if isinstance(x, jax.Array) and not x.is_fully_addressable else x,
+      tree)

@@ -14,8 +14,25 @@ BENCHMARKS = pathlib.Path(os.environ.get("ROLLOUTS_JAX_BENCHMARKS") or REPO / "r
 
 
 import gc  # noqa: E402
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+def load_script(name: str):
+  """`experiments/<name>.py` as a module (its folder importable, as when the script runs).
+
+  Test files import it with `from conftest import load_script`.
+  """
+  folder = str(REPO / "experiments")
+  if folder not in sys.path:
+    sys.path.insert(0, folder)
+  spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,22 +1,11 @@
 """experiments/april_parity.py: a run's record from its files, APRIL's accounting, the parity verdict."""
 
-import importlib.util
 import json
-import pathlib
-import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from conftest import load_script
 
 
-def _module():
-  spec = importlib.util.spec_from_file_location("april_parity", REPO / "experiments" / "april_parity.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["april_parity"] = module
-  spec.loader.exec_module(module)
-  return module
-
-
-ap = _module()
+ap = load_script("april_parity")
 B, N = 8, 8
 
 

@@ -1,22 +1,15 @@
 """The async study's summary and verdict on hand-made run results (no training)."""
 
-import importlib.util
 import json
-import pathlib
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def study():
-  sys.path.insert(0, str(REPO / "experiments"))
-  spec = importlib.util.spec_from_file_location("async_study", REPO / "experiments" / "async_study.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("async_study")
 
 
 def _run(arm, seed, after, curve):

@@ -6,7 +6,6 @@ the float64 reference, byte counts against the formats' definitions, and every d
 figure (bytes/s, roofline fraction, speedups, tokens/s) against the times it came from.
 """
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -21,20 +20,13 @@ import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 
 from rollouts_jax import models  # noqa: E402
+from conftest import load_script  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "experiments" / "bench_gpu.py"
 
 
-def _load_script():
-  spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = mod
-  spec.loader.exec_module(mod)
-  return mod
-
-
-bench = _load_script()
+bench = load_script("bench_gpu")
 
 
 def _close(a, b, rel=1e-9):

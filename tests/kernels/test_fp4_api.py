@@ -1,9 +1,7 @@
 """The fp4 dispatch api: pinned calls, pytree params under jit, no recompiles, errors."""
 import doctest
 import importlib
-import importlib.util
 import os
-import pathlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -12,9 +10,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from conftest import load_script  # noqa: E402
 from rollouts_jax.kernels import fp4  # noqa: E402
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -78,9 +75,7 @@ def test_docstring_examples_run(module):
 
 
 def test_bench_bytes_per_parameter():
-  spec = importlib.util.spec_from_file_location("bench_fp4", REPO / "experiments" / "bench_fp4.py")
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = load_script("bench_fp4")
   rows = bench.bytes_per_parameter(256, 128)
   # codes: 1/2 byte; scales: 1 byte per 16 (NVFP4) or 32 (MXFP4) weights; + a 4-byte scalar
   assert rows["bf16"] == 2.0

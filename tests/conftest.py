@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 
 
 def load_script(name: str):
-  """`experiments/<name>.py` as a module (its folder importable, as when the script runs).
+  """`experiments/<name>.py` as module `name` in sys.modules (dataclasses look it up), its folder importable.
 
   Test files import it with `from conftest import load_script`.
   """

@@ -1,25 +1,13 @@
 """experiments/reproduce.py: aggregation over seeds, verdict rules, resumability and the smoke form of every study."""
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from conftest import load_script
 
-
-def _module():
-  spec = importlib.util.spec_from_file_location("reproduce", REPO / "experiments" / "reproduce.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["reproduce"] = module  # dataclasses look their module up
-  spec.loader.exec_module(module)
-  return module
-
-
-rp = _module()
+rp = load_script("reproduce")
 
 
 def _run(arm, seed, after, before=0.4, **extra):

@@ -1,4 +1,4 @@
-"""Policy objectives (PPO-clip / DAPO, GSPO, CISPO), KL estimators, shaping, aggregation.
+"""Policy objectives (PPO-clip / DAPO, GSPO, CISPO), KL estimators, distillation, shaping, aggregation.
 
 >>> import jax.numpy as jnp
 >>> from rollouts_jax import losses
@@ -8,6 +8,7 @@
 >>> kl = losses.kl_penalty(lp, lp, kind="k3")
 """
 from rollouts_jax.losses.aggregation import AGG_MODES, aggregate, masked_mean
+from rollouts_jax.losses.distill import full_forward_kl, full_reverse_kl
 from rollouts_jax.losses.echo import confidence_clip_ranges, echo_policy_loss
 from rollouts_jax.losses.kl import KL_KINDS, kl_penalty
 from rollouts_jax.losses.policy import KINDS, TIS_MODES, policy_loss
@@ -16,4 +17,5 @@ from rollouts_jax.losses.shaping import entropy_bonus, entropy_from_logits, over
 __all__ = [
     "AGG_MODES", "KINDS", "KL_KINDS", "TIS_MODES", "aggregate", "masked_mean", "kl_penalty", "policy_loss",
     "entropy_bonus", "entropy_from_logits", "overlong_penalty", "confidence_clip_ranges", "echo_policy_loss",
+    "full_forward_kl", "full_reverse_kl",
 ]

@@ -50,6 +50,8 @@ class RolloutBatch:
       recorded by tree rollouts), for ECHO's adaptive clip and hybrid shaping.
     source_ids: optional int32 [B, N], which policy produced each sample (0: the policy being
       trained; 1: an external policy, ERILS), for per-source advantages.
+    teacher_logprobs: optional float32 [B, N, T, V], a teacher's log-probs over the vocabulary
+      at every completion position (full-vocabulary on-policy distillation; 0 off the mask).
   """
   prompt_ids: jax.Array
   prompt_mask: jax.Array
@@ -69,6 +71,7 @@ class RolloutBatch:
   token_advantages: Any = None
   source_ids: Any = None
   confidence: Any = None
+  teacher_logprobs: Any = None
 
   @property
   def shape(self) -> tuple[int, int, int]:
@@ -114,7 +117,7 @@ class RolloutBatch:
 
   def trim(self, width: int) -> "RolloutBatch":
     """Completions cut to `width` tokens (positions past every row's end carry no loss)."""
-    return self.replace(**{f: (None if getattr(self, f) is None else getattr(self, f)[..., :width])
+    return self.replace(**{f: (None if getattr(self, f) is None else getattr(self, f)[:, :, :width])
                            for f in _TOKEN_FIELDS})
 
   @classmethod
@@ -127,8 +130,9 @@ class RolloutBatch:
                sample_mask=np.zeros((B, N), bool), prompt_index=np.full((B,), -1, np.int32))
 
 
+# Fields [B, N, T, ...] (the token axis is axis 2).
 _TOKEN_FIELDS = ("completion_ids", "completion_mask", "behaviour_logprobs", "policy_version", "old_logprobs",
-                 "entropy", "token_advantages")
+                 "entropy", "token_advantages", "teacher_logprobs")
 _SAMPLE_FIELDS = _TOKEN_FIELDS + ("rewards", "sample_mask", "cluster_ids", "seq_logprobs", "source_ids",
                                   "confidence")
 
@@ -162,12 +166,12 @@ def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
     p, t = P - b.prompt_ids.shape[1], T - b.completion_ids.shape[2]
     b = b.replace(prompt_ids=np.pad(b.prompt_ids, ((0, 0), (p, 0))),
                   prompt_mask=np.pad(b.prompt_mask, ((0, 0), (p, 0))))
-    return b.replace(**{f: np.pad(getattr(b, f), ((0, 0), (0, 0), (0, t))) for f in _TOKEN_FIELDS
-                        if getattr(b, f) is not None})
+    return b.replace(**{f: np.pad(getattr(b, f), ((0, 0), (0, 0), (0, t)) + ((0, 0),) * (getattr(b, f).ndim - 3))
+                        for f in _TOKEN_FIELDS if getattr(b, f) is not None})
 
   padded = [pad(b) for b in batches]
   for f in ("old_logprobs", "entropy", "cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask", "token_advantages",
-            "confidence", "source_ids"):
+            "confidence", "source_ids", "teacher_logprobs"):
     present = {getattr(b, f) is not None for b in padded}
     if len(present) > 1:
       raise ValueError(f"concat: field {f!r} is set in some batches and not in others.")

@@ -25,6 +25,10 @@ import os
 import typing
 from typing import Any, Mapping
 
+# rollout.distill: on-policy distillation's rollout modes, each with the single-sample advantage
+# or (suffix "_full") the full-vocabulary reverse KL.
+DISTILL_MODES = ("", "opd", "esr", "adwin", "opd_full", "esr_full", "adwin_full")
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -119,7 +123,12 @@ class RolloutConfig:
   # trained; "adwin": that window adapts, every adwin_every steps, from a full-rollout probe
   # (grown by adwin_gamma when the prefix's per-sequence signal is less aligned with the full
   # rollout's than adwin_tau, shrunk otherwise).
-  distill: str = ""             # "", "opd", "esr" or "adwin"
+  # A "_full" suffix ("opd_full", "esr_full", "adwin_full") keeps the rollouts and windows but
+  # replaces the single-sample advantage by the full-vocabulary reverse KL (GKD's on-policy
+  # loss, `losses.full_reverse_kl`): the teacher's log-probs over the vocabulary at every
+  # completion position travel in the batch ([B, N, T, V] floats) and the update minimizes
+  # sum_v p_s (log p_s - log p_t) through the student's logits, with no policy-gradient term.
+  distill: str = ""             # "", "opd", "esr", "adwin", "opd_full", "esr_full" or "adwin_full"
   distill_window: int = 16
   adwin_every: int = 5
   adwin_gamma: float = 0.25
@@ -217,6 +226,10 @@ class RLConfig:
   echo_eps_lo: float = 0.1
   echo_eps_hi: float = 0.28
   echo_shaping: float = 0.0
+  # Full-vocabulary distillation (rollout.distill "..._full"): which KL the update minimizes at
+  # each position of the student's rollouts. "reverse": KL(student || teacher) (GKD's on-policy
+  # reverse KL); "forward": KL(teacher || student), a cross-entropy to the teacher's soft targets.
+  distill_kl: str = "reverse"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,7 +456,11 @@ def validate(cfg: ExperimentConfig) -> None:
                     ("reward.ref_samples", bool(cfg.reward.ref_samples))):
       if on:
         raise ValueError(f"reward term 'cat' does not combine with {key}; turn one of them off.")
-  _one_of(ro.distill, ("", "opd", "esr", "adwin"), "rollout.distill")
+  _one_of(ro.distill, DISTILL_MODES, "rollout.distill")
+  _one_of(cfg.rl.distill_kl, ("reverse", "forward"), "rl.distill_kl")
+  if cfg.rl.distill_kl != "reverse" and not ro.distill.endswith("_full"):
+    raise ValueError(f"Config key rl.distill_kl={cfg.rl.distill_kl!r} needs full-vocabulary distillation "
+                     f"(rollout.distill 'opd_full', 'esr_full' or 'adwin_full'), got rollout.distill={ro.distill!r}.")
   if ro.teacher_path and not os.path.isfile(os.path.join(ro.teacher_path, "config.json")):
     raise FileNotFoundError(f"rollout.teacher_path={ro.teacher_path!r} has no config.json (a local folder in "
                             "Hugging Face layout; nothing is downloaded).")

@@ -41,9 +41,13 @@ from rollouts_jax import advantages, control, losses, models, replay, rewards, s
 from rollouts_jax.advantages import clustering
 from rollouts_jax.sampling import sol_rl
 from rollouts_jax.sampling.batch import RolloutBatch
+from rollouts_jax.training import rl_step as rl_step_lib
 from rollouts_jax.training.evaluation import Prompter, decode_completions
 
 log = logging.getLogger(__name__)
+
+# The largest teacher vocabulary log-prob array (bytes) full-vocabulary distillation builds per step.
+FULL_KL_MAX_BYTES = 2**30
 
 
 @flax.struct.dataclass
@@ -96,7 +100,10 @@ class RolloutPipeline:
     distill, distill_window, adwin: on-policy distillation ("opd", "esr", "adwin"; "": off):
       per-token advantages log p_teacher - log p_student on the student's rollouts; ESR
       generates and trains only the first `distill_window` tokens; ADWIN adapts that window
-      every `adwin[0]` steps from a full-rollout probe (`_adwin_probe`).
+      every `adwin[0]` steps from a full-rollout probe (`_adwin_probe`). With the suffix
+      "_full" the batch carries the teacher's log-probs over the vocabulary instead
+      (`RolloutBatch.teacher_logprobs`) and the update minimizes the full-vocabulary KL
+      (reverse, or forward with `rl.distill_kl`); ADWIN's probe keeps the single-sample signal.
     tree: a `sampling.TreeConfig` (None: independent samples): tree rollouts, whose leaves
       are the samples and whose TreeRL node values are the per-token advantages.
     speculative, spec_lenience: SPEC-RL ("spec_rl"; "": off): a prompt's rollouts of its
@@ -162,9 +169,19 @@ class RolloutPipeline:
     partial = self.partial.init() if self.partial is not None else None
     head = control.arrol.head_init(self.cfg.hidden_size) if self.prune else None
     drafts = self._draft_store().init() if self.speculative else None
-    window = jnp.asarray(self.distill_window, jnp.int32) if self.distill in ("esr", "adwin") else None
+    window = jnp.asarray(self.distill_window, jnp.int32) if self.distill_mode in ("esr", "adwin") else None
     return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial, arrol=head,
                          drafts=drafts, window=window)
+
+  @property
+  def distill_mode(self) -> str:
+    """The rollout mode of distillation ("opd", "esr", "adwin"; "": off), without "_full"."""
+    return self.distill.removesuffix("_full")
+
+  @property
+  def distill_full(self) -> bool:
+    """Whether distillation uses the full-vocabulary reverse KL (else the single-sample advantage)."""
+    return self.distill.endswith("_full")
 
   def _draft_store(self) -> replay.DraftStore:
     return replay.draft_store(len(self.examples), self.num_samples, self.sampling_config.max_new_tokens)
@@ -408,9 +425,13 @@ class RolloutPipeline:
         second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=version)
       r, info = self._score(batch, examples, stats, second_view=second, anchor_params=aux.get("anchor"))
       batch = batch.replace(rewards=r)
-      if self.distill:
+      if self.distill_full:
+        _, teacher = self._teacher_advantages(batch, stats, vocab=True)
+        batch = batch.replace(teacher_logprobs=teacher)
+      elif self.distill:
         batch = batch.replace(token_advantages=self._teacher_advantages(batch, stats))
-        if self.distill == "adwin" and step % self.adwin[0] == 0:
+      if self.distill:
+        if self.distill_mode == "adwin" and step % self.adwin[0] == 0:
           aux["window"] = self._adwin_probe(params, ids, mask, idx, int(aux["window"]), jax.random.fold_in(key, 6),
                                             stats)
       if self.tree is not None:
@@ -505,18 +526,37 @@ class RolloutPipeline:
               float((np.asarray(batch.policy_version) < version)[live].mean()) if live.any() else 0.0)
     return batch, ctl, pstate
 
-  def _teacher_advantages(self, batch: RolloutBatch, stats: "_Stats") -> np.ndarray:
+  def _teacher_advantages(self, batch: RolloutBatch, stats: "_Stats", vocab: bool = False):
     """On-policy distillation: per-token log p_teacher(y_t) - log p_student(y_t), 0 off the mask.
 
     The single-sample form of the reverse KL (GKD, Agarwal et al. 2024): maximizing it pulls
     the student toward the teacher on the student's own prefixes.
+
+    With `vocab`, returns (those advantages, the teacher's log-probs over the vocabulary
+    float32 [B, N, T, V], 0 off the mask) from one teacher forward: the input of the
+    full-vocabulary loss (`losses.full_reverse_kl`). That array costs 4 B N T V bytes; above
+    `FULL_KL_MAX_BYTES` it is refused (use the single-sample form).
     """
-    scored, _ = sol_rl.recompute_batch(self.teacher_cfg or self.cfg, self.teacher_params, batch,
-                                       temperature=self.sampling_config.temperature)
+    cfg = self.teacher_cfg or self.cfg
     m = np.asarray(batch.completion_mask)
-    adv = np.where(m, np.asarray(scored.old_logprobs) - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)
+    if vocab:
+      need = 4 * math.prod(m.shape) * cfg.vocab_size
+      if need > FULL_KL_MAX_BYTES:
+        raise ValueError(f"rollout.distill={self.distill!r}: the teacher's log-probs over the vocabulary would take "
+                         f"{need / 2**30:.2f} GiB ({m.shape} positions x {cfg.vocab_size} tokens), above the "
+                         f"{FULL_KL_MAX_BYTES / 2**30:.2f} GiB limit; use the single-sample form "
+                         f"(rollout.distill={self.distill_mode!r}) or fewer samples / tokens.")
+      teacher = np.asarray(rl_step_lib.batch_vocab_logprobs(
+          self.teacher_params, jnp.asarray(batch.prompt_ids, jnp.int32), jnp.asarray(batch.prompt_mask),
+          jnp.asarray(batch.completion_ids, jnp.int32), jnp.asarray(m), cfg=cfg,
+          temperature=float(self.sampling_config.temperature)), np.float32)
+      teacher_lp = np.take_along_axis(teacher, np.asarray(batch.completion_ids)[..., None], axis=-1)[..., 0]
+    else:
+      scored, _ = sol_rl.recompute_batch(cfg, self.teacher_params, batch, temperature=self.sampling_config.temperature)
+      teacher_lp = np.asarray(scored.old_logprobs)
+    adv = np.where(m, teacher_lp - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)
     stats.mean("distill/reverse_kl", float(-adv[m].mean()) if m.any() else 0.0)
-    return adv
+    return (adv, teacher) if vocab else adv
 
   def _adwin_probe(self, params, ids, mask, idx, window: int, key, stats: "_Stats") -> jnp.ndarray:
     """ADWIN: a full-length probe of the same prompts; grow the window if its prefix misleads.
@@ -726,5 +766,5 @@ def _pad_for_buffer(batch: RolloutBatch, example: RolloutBatch) -> RolloutBatch:
   return batch.replace(prompt_ids=np.pad(np.asarray(batch.prompt_ids), ((0, 0), (p, 0))),
                        prompt_mask=np.pad(np.asarray(batch.prompt_mask), ((0, 0), (p, 0))),
                        cluster_ids=None, seq_logprobs=None, ref_rewards=None, ref_mask=None, token_advantages=None,
-                       **fields)
+                       teacher_logprobs=None, **fields)
 

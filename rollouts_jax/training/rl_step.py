@@ -94,6 +94,53 @@ def completion_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array,
   return models.token_logprobs(cfg, params, tokens_RxL, mask_RxL, prompt_len, temperature=temperature)
 
 
+def completion_vocab_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array, mask_RxL: jax.Array,
+                              prompt_len: int, temperature: float = 1.0) -> jax.Array:
+  """float32 [R, T, V]: the tempered log-softmax over the vocabulary at each completion position.
+
+  The same numerics as `completion_logprobs` (which gathers the sampled token from it), for the
+  full-vocabulary distillation loss; it costs R * T * V floats.
+
+  >>> import jax, jax.numpy as jnp
+  >>> cfg = models.ModelConfig(vocab_size=11, hidden_size=8, intermediate_size=16, num_layers=1,
+  ...                          num_heads=2, num_kv_heads=1)
+  >>> params = models.init_params(cfg, jax.random.key(0))
+  >>> toks = jnp.array([[1, 2, 3, 4]])
+  >>> logp = completion_vocab_logprobs(cfg, params, toks, toks > 0, 2)
+  >>> lp, _ = completion_logprobs(cfg, params, toks, toks > 0, 2)
+  >>> logp.shape, bool(jnp.allclose(jnp.take_along_axis(logp, toks[:, 2:, None], -1)[..., 0], lp, atol=1e-5))
+  ((1, 2, 11), True)
+  """
+  hidden = models.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
+  logits = models.unembed(cfg, params, hidden[:, prompt_len - 1:-1]).astype(jnp.float32)
+  if temperature != 1.0:
+    logits = logits / temperature
+  return jax.nn.log_softmax(logits, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows"))
+def batch_vocab_logprobs(params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
+                         completion_mask: jax.Array, *, cfg: ModelConfig, temperature: float = 1.0,
+                         micro_rows: int = 0) -> jax.Array:
+  """Log-probs [B, N, T, V] over the vocabulary at a batch's completion positions (no gradient; 0 off the mask).
+
+  The teacher's side of full-vocabulary distillation (`losses.full_reverse_kl`). `micro_rows`
+  rows go through the model at a time (0: all B * N; it must divide B * N).
+  """
+  tokens, attn = teacher_forced_rows(prompt_ids, prompt_mask, completion_ids)
+  R = tokens.shape[0]
+  micro = micro_rows or R
+  if R % micro:
+    raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
+  P = prompt_ids.shape[1]
+
+  def body(_, xs):
+    return None, completion_vocab_logprobs(cfg, params, xs[0], xs[1], P, temperature)
+  _, logp = jax.lax.scan(body, None, (_split(tokens, R // micro), _split(attn, R // micro)))
+  logp = jax.lax.stop_gradient(logp.reshape(completion_ids.shape + logp.shape[-1:]))
+  return jnp.where(completion_mask[..., None], logp, 0.0)
+
+
 def _rows(r: RolloutBatch):
   """Flattens [B, N] groups into R = B * N rows of prompt + completion."""
   tokens, attn = teacher_forced_rows(r.prompt_ids, r.prompt_mask, r.completion_ids)
@@ -168,6 +215,11 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
             rl: RLConfig, temperature: float = 1.0, max_len: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
   """One RL update on a batch of rollouts.
 
+  With `rollouts.teacher_logprobs` (full-vocabulary on-policy distillation) the loss is the
+  KL to the teacher over the vocabulary at every loss position (`losses.full_reverse_kl`, or
+  `losses.full_forward_kl` with `rl.distill_kl="forward"`, aggregated by `rl.agg`) in place of
+  the policy-gradient loss.
+
   The PPO ratio is taken against `rollouts.old_logprobs` when the batch has them (Sol-RL's
   full-precision recomputation, replayed groups); else against the policy before this update
   (exactly the current one when there is a single update per step, so no extra forward).
@@ -200,6 +252,10 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   else:
     adv_R = adv_BxN.reshape(R)
   loss_mask_RxT = rollouts.completion_mask.reshape(R, T) & sample_mask_BxN.reshape(R, 1)
+  full_kl = rollouts.teacher_logprobs is not None   # full-vocabulary distillation: no policy gradient
+  teacher_R = None
+  if full_kl:
+    teacher_R = rollouts.teacher_logprobs.reshape(R, T, -1).astype(jnp.float32)
   if rl.echo_shaping > 0:   # ECHO's entropy-confidence hybrid shaping, per token
     adv_R = echo_shaped(adv_R.reshape(B, N, -1) if adv_R.ndim == 2 else adv_R.reshape(B, N, 1), rollouts,
                         sample_mask_BxN, rl.echo_shaping).reshape(R, T)
@@ -225,19 +281,26 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     ref_lp = _no_grad_logprobs(cfg, ref_params, tokens, attn, P, R // micro, temperature)
 
   def micro_loss(params, mb, totals):
-    lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature)
-    old = jax.lax.stop_gradient(lp) if mb.get("old") is None else mb["old"]
-    common = dict(agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=max_len,
-                  rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None,
-                  tis_mode=rl.tis_mode)
-    if rl.echo_clip:
-      pg, m = losses.echo_policy_loss(lp, old, mb["adv"], mb["mask"], mb["conf"], rl.echo_eps_lo, rl.echo_eps_hi,
-                                      **common)
+    if full_kl:   # one forward gives the vocabulary log-probs, the sampled token's and the entropy
+      logp = completion_vocab_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature)
+      lp = jnp.take_along_axis(logp, mb["tokens"][:, P:, None], axis=-1)[..., 0]
+      ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+      total = losses.distill.DIRECTIONS[rl.distill_kl](logp, mb["teacher"], mb["mask"], agg=rl.agg, max_len=max_len)
+      m = {"distill_kl": total, "ratio_max": jnp.ones(()), "ratio_min": jnp.ones(())}
     else:
-      pg, m = losses.policy_loss(lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low,
-                                 clip_high=rl.clip_high, **common)
-    total = pg
-    m = dict(m, pg_loss=pg)
+      lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature)
+      old = jax.lax.stop_gradient(lp) if mb.get("old") is None else mb["old"]
+      common = dict(agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=max_len,
+                    rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None,
+                    tis_mode=rl.tis_mode)
+      if rl.echo_clip:
+        pg, m = losses.echo_policy_loss(lp, old, mb["adv"], mb["mask"], mb["conf"], rl.echo_eps_lo, rl.echo_eps_hi,
+                                        **common)
+      else:
+        pg, m = losses.policy_loss(lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low,
+                                   clip_high=rl.clip_high, **common)
+      total = pg
+      m = dict(m, pg_loss=pg)
     if rl.kl_coef > 0:
       kl = losses.kl_penalty(lp, mb["ref"], kind=rl.kl_kind, mask=mb["mask"], agg=rl.agg, max_len=max_len)
       total = total + rl.kl_coef * kl
@@ -261,6 +324,8 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
       mb["ref"] = sl(ref_lp)
     if conf_R is not None:
       mb["conf"] = sl(conf_R)
+    if teacher_R is not None:
+      mb["teacher"] = sl(teacher_R)
     totals = (jnp.sum(mb["mask"]), jnp.sum(jnp.any(mb["mask"], axis=1)), rows_per_mb)
     micro_batches = jax.tree_util.tree_map(lambda x: _split(x, n_micro), mb)
 
@@ -278,7 +343,7 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     g0 = jax.tree_util.tree_map(jnp.zeros_like, st.params)
     (grads, m), _ = jax.lax.scan(acc, (g0, m0), micro_batches)
     grad_norm = optax.global_norm(grads)
-    loss = m["pg_loss"] + (rl.kl_coef * m["kl"] if rl.kl_coef > 0 else 0.0)
+    loss = m["distill_kl" if full_kl else "pg_loss"] + (rl.kl_coef * m["kl"] if rl.kl_coef > 0 else 0.0)
     ok = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
     updates, new_opt = tx.update(grads, st.opt_state, st.params)
     new_params = optax.apply_updates(st.params, updates)

@@ -38,10 +38,27 @@ from typing import Any, Callable, Sequence
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 CONFIG = "configs/distill_arms.py"
-ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24", "grpo")   # priority order within a seed
-DISTILL_ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24")
+# Priority order within a seed; "_full": the full-vocabulary reverse-KL loss on the same rollouts.
+ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24", "grpo", "opd_full", "esr_full", "adwin_full", "esr24_full",
+        "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "adwin_fwd", "esr24_fwd",
+        "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6")
+DISTILL_ARMS = tuple(a for a in ARMS if a != "grpo")
 LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k=12", "esr24": "ESR k=24", "adwin": "ADWIN (k0=12)",
-          "grpo": "GRPO (task reward)"}
+          "grpo": "GRPO (task reward)", "opd_full": "OPD, full KL", "esr_full": "ESR k=12, full KL",
+          "esr24_full": "ESR k=24, full KL", "adwin_full": "ADWIN (k0=12), full KL",
+          "opd_full_lr6": "OPD, full KL, lr 6e-4", "esr_full_lr6": "ESR k=12, full KL, lr 6e-4",
+          "adwin_full_lr6": "ADWIN (k0=12), full KL, lr 6e-4", "opd_fwd": "OPD, forward KL",
+          "esr_fwd": "ESR k=12, forward KL", "esr24_fwd": "ESR k=24, forward KL",
+          "adwin_fwd": "ADWIN (k0=12), forward KL",
+          "opd_fwd_lr6": "OPD, forward KL, lr 6e-4", "esr_fwd_lr6": "ESR k=12, forward KL, lr 6e-4",
+          "adwin_fwd_lr6": "ADWIN (k0=12), forward KL, lr 6e-4"}
+
+# Each full-rollout reference and the windowed arms trained with the same loss and step size,
+# whose token-fraction verdict is taken against it.
+FAMILIES = {"opd": ("esr", "esr24", "adwin"), "opd_full": ("esr_full", "esr24_full", "adwin_full"),
+            "opd_full_lr6": ("esr_full_lr6", "adwin_full_lr6"), "opd_fwd": ("esr_fwd", "esr24_fwd", "adwin_fwd"),
+            "opd_fwd_lr6": ("esr_fwd_lr6", "adwin_fwd_lr6")}
+REFERENCE = {a: ref for ref, arms in FAMILIES.items() for a in arms}
 
 sys.path.insert(0, str(REPO / "experiments"))
 from reproduce import _past, child_env, mean_spread  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
@@ -260,6 +277,9 @@ def verdict(table: dict, *, token_fraction: float = 0.5) -> dict[str, Any]:
   fraction[arm] for ESR / ADWIN arms: held when the arm ends within two standard errors
     (at least 0.02) of OPD's final pass@1 or above it, having generated at most
     `token_fraction` of OPD's tokens.
+  approaches_by[ref]: the same rule for every full-rollout arm of `FAMILIES` that ran (the
+    single-sample "opd" one is `approaches`); the fraction of a windowed arm of another loss
+    is taken against its own family's full-rollout arm (`REFERENCE`).
 
   >>> t = {"opd": {"gap closed (pass@1)": {"mean": 0.6, "se": 0.05}, "pass@1 after": {"mean": 0.8, "se": 0.01},
   ...              "pass@1 before": {"mean": 0.45, "se": 0.0}, "generated tokens": {"mean": 1000, "se": 0}},
@@ -268,30 +288,36 @@ def verdict(table: dict, *, token_fraction: float = 0.5) -> dict[str, Any]:
   >>> v["approaches"][0], v["fraction"]["esr"][0]
   (True, True)
   """
-  out: dict[str, Any] = {"fraction": {}}
-  closed, _ = _mean(table, "opd", "gap closed (pass@1)")
-  before, before_se = _mean(table, "opd", "pass@1 before")
-  after, after_se = _mean(table, "opd", "pass@1 after")
-  if after is None:
-    out["approaches"] = (None, "OPD has not run")
-  elif closed is None:
-    out["approaches"] = (None, "the teacher is not better than the student on held-out pass@1: no gap to close")
-  else:
-    gain, gain_se = after - before, math.sqrt(after_se ** 2 + before_se ** 2)
-    ok = closed >= 0.5 and gain > 2 * gain_se and gain > 0
-    out["approaches"] = (ok, f"OPD closes {closed:.0%} of the pass@1 gap to the teacher (gain {gain:+.3f}, "
-                             f"se {gain_se:.3f})")
-  opd_tok, _ = _mean(table, "opd", "generated tokens")
-  for arm in ("esr", "esr24", "adwin"):
-    a, a_se = _mean(table, arm, "pass@1 after")
-    tok, _ = _mean(table, arm, "generated tokens")
-    if a is None or after is None or not opd_tok:
-      continue
-    frac = tok / opd_tok
-    tol = max(2 * math.sqrt(a_se ** 2 + after_se ** 2), 0.02)
-    ok = a >= after - tol and frac <= token_fraction
-    out["fraction"][arm] = (ok, f"{LABELS[arm]} ends at pass@1 {a:.3f} vs OPD {after:.3f} (tolerance {tol:.3f}) "
-                                f"with {frac:.0%} of OPD's generated tokens")
+  out: dict[str, Any] = {"fraction": {}, "approaches_by": {}}
+  for ref, windowed in FAMILIES.items():
+    name = "OPD" if ref == "opd" else LABELS[ref]
+    closed, _ = _mean(table, ref, "gap closed (pass@1)")
+    before, before_se = _mean(table, ref, "pass@1 before")
+    after, after_se = _mean(table, ref, "pass@1 after")
+    if after is None:
+      approaches = (None, f"{name} has not run")
+    elif closed is None:
+      approaches = (None, "the teacher is not better than the student on held-out pass@1: no gap to close")
+    else:
+      gain, gain_se = after - before, math.sqrt(after_se ** 2 + before_se ** 2)
+      ok = closed >= 0.5 and gain > 2 * gain_se and gain > 0
+      approaches = (ok, f"{name} closes {closed:.0%} of the pass@1 gap to the teacher (gain {gain:+.3f}, "
+                        f"se {gain_se:.3f})")
+    if ref == "opd":
+      out["approaches"] = approaches
+    elif after is not None:
+      out["approaches_by"][ref] = approaches
+    ref_tok, _ = _mean(table, ref, "generated tokens")
+    for arm in windowed:
+      a, a_se = _mean(table, arm, "pass@1 after")
+      tok, _ = _mean(table, arm, "generated tokens")
+      if a is None or after is None or not ref_tok:
+        continue
+      frac = tok / ref_tok
+      tol = max(2 * math.sqrt(a_se ** 2 + after_se ** 2), 0.02)
+      ok = a >= after - tol and frac <= token_fraction
+      out["fraction"][arm] = (ok, f"{LABELS[arm]} ends at pass@1 {a:.3f} vs {name} {after:.3f} (tolerance "
+                                  f"{tol:.3f}) with {frac:.0%} of {name}'s generated tokens")
   return out
 
 
@@ -334,13 +360,19 @@ def markdown(doc: dict) -> str:
               f"{kl['big_token_frac']:.1%} of tokens and carry {kl['big_token_share']:.0%} of |log-ratio| mass.", ""]
   ok, why = v["approaches"]
   lines += [f"Student approaches the teacher: **{_word(ok)}**. {why}.", ""]
+  for ref, (ok, why) in (v.get("approaches_by") or {}).items():
+    lines += [f"Student approaches the teacher ({LABELS[ref]}): **{_word(ok)}**. {why}.", ""]
   for arm, (ok, why) in v["fraction"].items():
-    lines += [f"{LABELS[arm]} at a fraction of OPD's tokens: **{_word(ok)}**. {why}.", ""]
+    ref = REFERENCE.get(arm, "opd")
+    lines += [f"{LABELS[arm]} at a fraction of {'OPD' if ref == 'opd' else LABELS[ref]}'s tokens: **{_word(ok)}**. "
+              f"{why}.", ""]
   matched = doc.get("matched_budget") or {}
   if matched:
-    lines += ["At an equal token budget (OPD's held-out curve interpolated at each arm's total generated tokens, "
-              "same seeds): " + "; ".join(
-                  f"{LABELS.get(a, a)} {m['arm_after']:.3f} vs OPD {m['reference_at_budget']:.3f}"
+    lines += ["At an equal token budget (the held-out curve of the arm's full-rollout reference, OPD of the same "
+              "loss, interpolated at the arm's total generated tokens, same seeds): " + "; ".join(
+                  f"{LABELS.get(a, a)} {m['arm_after']:.3f} vs "
+                  f"{'OPD' if REFERENCE.get(a, 'opd') == 'opd' else LABELS[REFERENCE[a]]} "
+                  f"{m['reference_at_budget']:.3f}"
                   for a, m in matched.items()) + ".", ""]
   lines += [f"Rules: {doc['rule']}", "",
             "Cells: mean +- sample standard deviation over seeds (ddof=1). Tokens are totals over the run; "
@@ -371,8 +403,10 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
     runs = [r for r in doc["runs"] if r["arm"] == arm]
     for i, r in enumerate(runs):
       c = r["curve"]
-      kw = dict(color=colors.get(arm, "k"), marker="o", ms=3, lw=1.2, alpha=0.85,
-                label=LABELS.get(arm, arm) if i == 0 else None)
+      base = arm.replace("_full", "").replace("_fwd", "").replace("_lr6", "")   # colour: rollouts; line: loss
+      style = ":" if "_fwd" in arm else "--" if "_full" in arm else "-"
+      kw = dict(color=colors.get(base, "k"), marker="^" if arm.endswith("_lr6") else "o", ms=3, lw=1.2, alpha=0.85,
+                ls=style, label=LABELS.get(arm, arm) if i == 0 else None)
       axes[0].plot([p[1] / 1e3 for p in c], [p[2] for p in c], **kw)
       axes[1].plot([p[0] for p in c], [p[2] for p in c], **kw)
   if kl:
@@ -390,7 +424,8 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
   axes[0].set_xlabel("generated tokens (thousands, probes included)")
   axes[1].set_xlabel("RL step")
   axes[0].legend(fontsize=7, loc="lower right")
-  fig.suptitle("On-policy distillation, 8 prompts x 8 samples a step (one line per seed)", fontsize=9)
+  fig.suptitle("On-policy distillation, 8 prompts x 8 samples a step (one line per seed; solid: single-sample "
+               "advantage, dashed: full-vocabulary reverse KL, dotted: forward KL; triangles: lr 6e-4)", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -423,7 +458,8 @@ def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap
          "teacher_gap": teacher_gap, "planned_seeds": planned_seeds, "verdict": v, "not_run": list(missing),
          "arms": table, "runs": sorted(results, key=lambda r: (ARMS.index(r["arm"]), r["seed"])),
          "kl_profile": kl or {},
-         "matched_budget": {a: m for a in ARMS if a != "opd" for m in [matched_budget(results, a)] if m}}
+         "matched_budget": {a: m for a in ARMS if a not in FAMILIES
+                            for m in [matched_budget(results, a, REFERENCE.get(a, "opd"))] if m}}
   out_dir.mkdir(parents=True, exist_ok=True)
   base = out_dir / stem
   base.with_suffix(".json").write_text(json.dumps(doc, indent=1))

@@ -22,7 +22,8 @@ single-sample advantage; `opd_full_lr6` / `esr_full_lr6` / `adwin_full_lr6` take
 step (6e-4): a supervised-like loss can. With `_fwd` in place of `_full` (`opd_fwd`, `esr_fwd`,
 `adwin_fwd`, `opd_fwd_lr6`) the full-vocabulary loss is the forward KL(teacher || student)
 (`rl.distill_kl="forward"`, a cross-entropy to the teacher's soft targets, whose gradient in the
-logits is bounded).
+logits is bounded). `_lr3` takes twice the step (3e-4); `opd_full_long` runs 320 RL steps
+instead of 160 (the cosine schedule stretched over them), `opd_full_lr3_long` both.
 
 Add `,smoke` for a tiny model and one RL step (the test suite; `smoke` alone is the OPD arm's).
 
@@ -35,8 +36,12 @@ from rollouts_jax.training.config import load_config_file, parse_config_arg
 
 ARMS = ("opd", "opd_lr3", "esr", "esr24", "adwin", "grpo", "opd_full", "esr_full", "esr24_full", "adwin_full",
         "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "esr24_fwd", "adwin_fwd",
-        "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6")
-FULL_LR = 6e-4
+        "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr24_full_lr3",
+        "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long")
+# An arm is its rollouts (opd, esr, esr24, adwin; grpo: no teacher) and modifiers: full (the
+# full-vocabulary reverse KL), fwd (the forward one), lr3 / lr6 (learning rate 3e-4 / 6e-4), long
+# (320 RL steps).
+LEARNING_RATES = {"lr3": 3e-4, "lr6": 6e-4}
 TEACHER_SFT_STEPS = 400
 
 
@@ -46,24 +51,20 @@ def get_config(arg=None):
   arms = [w for w in words if w != "smoke"] or (["opd"] if smoke else [])   # `smoke` alone: the OPD arm
   if len(arms) != 1 or arms[0] not in ARMS:
     raise ValueError(f"distill_arms.py needs one arm of {ARMS} (and optionally 'smoke'), got {arg!r}.")
-  arm = arms[0]
-  forward = "_fwd" in arm
-  full = "_full" in arm or forward
-  lr6 = arm.endswith("_lr6")
-  arm = arm.replace("_full", "").replace("_fwd", "").replace("_lr6", "")
+  arm, *mods = arms[0].split("_")
   config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
   config.eval.every = 20 if not smoke else 0
   if not smoke:
-    config.rl.steps = 160
+    config.rl.steps = 320 if "long" in mods else 160
+  for m in mods:
+    if m in LEARNING_RATES:
+      config.rl.learning_rate = LEARNING_RATES[m]
   if arm == "grpo":
     return config
   config.rollout.teacher_sft_steps = TEACHER_SFT_STEPS if not smoke else config.sft.steps + 5
-  config.rollout.distill = {"esr24": "esr", "opd_lr3": "opd"}.get(arm, arm) + ("_full" if full else "")
-  if arm == "opd_lr3":
-    config.rl.learning_rate = 3e-4
-  if lr6:
-    config.rl.learning_rate = FULL_LR
-  if forward:
+  full = "full" in mods or "fwd" in mods
+  config.rollout.distill = {"esr24": "esr"}.get(arm, arm) + ("_full" if full else "")
+  if "fwd" in mods:
     config.rl.distill_kl = "forward"
   window = {"esr24": 24}.get(arm, 12)
   config.rollout.distill_window = window if not smoke else 8

@@ -41,7 +41,8 @@ CONFIG = "configs/distill_arms.py"
 # Priority order within a seed; "_full": the full-vocabulary reverse-KL loss on the same rollouts.
 ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24", "grpo", "opd_full", "esr_full", "adwin_full", "esr24_full",
         "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "adwin_fwd", "esr24_fwd",
-        "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6")
+        "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr24_full_lr3",
+        "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long")
 DISTILL_ARMS = tuple(a for a in ARMS if a != "grpo")
 LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k=12", "esr24": "ESR k=24", "adwin": "ADWIN (k0=12)",
           "grpo": "GRPO (task reward)", "opd_full": "OPD, full KL", "esr_full": "ESR k=12, full KL",
@@ -51,13 +52,18 @@ LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k
           "esr_fwd": "ESR k=12, forward KL", "esr24_fwd": "ESR k=24, forward KL",
           "adwin_fwd": "ADWIN (k0=12), forward KL",
           "opd_fwd_lr6": "OPD, forward KL, lr 6e-4", "esr_fwd_lr6": "ESR k=12, forward KL, lr 6e-4",
-          "adwin_fwd_lr6": "ADWIN (k0=12), forward KL, lr 6e-4"}
+          "adwin_fwd_lr6": "ADWIN (k0=12), forward KL, lr 6e-4", "opd_full_lr3": "OPD, full KL, lr 3e-4",
+          "esr_full_lr3": "ESR k=12, full KL, lr 3e-4", "esr24_full_lr3": "ESR k=24, full KL, lr 3e-4",
+          "adwin_full_lr3": "ADWIN (k0=12), full KL, lr 3e-4", "opd_full_long": "OPD, full KL, 320 steps",
+          "opd_full_lr3_long": "OPD, full KL, lr 3e-4, 320 steps"}
 
 # Each full-rollout reference and the windowed arms trained with the same loss and step size,
 # whose token-fraction verdict is taken against it.
 FAMILIES = {"opd": ("esr", "esr24", "adwin"), "opd_full": ("esr_full", "esr24_full", "adwin_full"),
             "opd_full_lr6": ("esr_full_lr6", "adwin_full_lr6"), "opd_fwd": ("esr_fwd", "esr24_fwd", "adwin_fwd"),
-            "opd_fwd_lr6": ("esr_fwd_lr6", "adwin_fwd_lr6")}
+            "opd_fwd_lr6": ("esr_fwd_lr6", "adwin_fwd_lr6"),
+            "opd_full_lr3": ("esr_full_lr3", "esr24_full_lr3", "adwin_full_lr3"), "opd_full_long": (),
+            "opd_full_lr3_long": ()}
 REFERENCE = {a: ref for ref, arms in FAMILIES.items() for a in arms}
 
 sys.path.insert(0, str(REPO / "experiments"))
@@ -403,10 +409,11 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
     runs = [r for r in doc["runs"] if r["arm"] == arm]
     for i, r in enumerate(runs):
       c = r["curve"]
-      base = arm.replace("_full", "").replace("_fwd", "").replace("_lr6", "")   # colour: rollouts; line: loss
+      base = arm.split("_")[0]   # colour: the rollouts (and the step size of full-rollout OPD); line: the loss
+      base = "opd_lr3" if arm.startswith("opd_") and "lr3" in arm else base
       style = ":" if "_fwd" in arm else "--" if "_full" in arm else "-"
-      kw = dict(color=colors.get(base, "k"), marker="^" if arm.endswith("_lr6") else "o", ms=3, lw=1.2, alpha=0.85,
-                ls=style, label=LABELS.get(arm, arm) if i == 0 else None)
+      kw = dict(color=colors.get(base, "k"), marker="^" if "lr6" in arm else "s" if "long" in arm else "o", ms=3,
+                lw=1.2, alpha=0.85, ls=style, label=LABELS.get(arm, arm) if i == 0 else None)
       axes[0].plot([p[1] / 1e3 for p in c], [p[2] for p in c], **kw)
       axes[1].plot([p[0] for p in c], [p[2] for p in c], **kw)
   if kl:
@@ -425,7 +432,8 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
   axes[1].set_xlabel("RL step")
   axes[0].legend(fontsize=7, loc="lower right")
   fig.suptitle("On-policy distillation, 8 prompts x 8 samples a step (one line per seed; solid: single-sample "
-               "advantage, dashed: full-vocabulary reverse KL, dotted: forward KL; triangles: lr 6e-4)", fontsize=8)
+               "advantage, dashed: full-vocabulary reverse KL, dotted: forward KL; triangles: lr 6e-4, "
+               "squares: 320 steps)", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -446,11 +446,16 @@ SETUP = ("Arithmetic (3-digit addition, worked carries, answers up to 40 tokens)
          "ESR generates and trains only the first k tokens; ADWIN starts at k=12 and every 5 steps re-sizes it "
          "from a full-rollout probe of the same prompts (x1.25 when the prefix's per-sequence signal has cosine "
          "< 0.9 with the full rollout's, else x0.75, in [4, 40]). GRPO on the task's reward is the "
-         "reward-based reference. Every seed starts from seed 0's student and distils from seed 0's teacher.")
+         "reward-based reference. Every seed starts from seed 0's student and distils from seed 0's teacher. "
+         "Arms marked full KL keep the same rollouts (and windows) but train with the exact reverse KL over the "
+         "vocabulary at every completion position, sum_v p_s(v) (log p_s(v) - log p_t(v)), through the student's "
+         "logits (GKD's on-policy loss; token-mean; no policy-gradient term); forward KL arms with "
+         "sum_v p_t(v) (log p_t(v) - log p_s(v)).")
 RULE = ("the student approaches the teacher when full-rollout OPD closes at least half of the held-out pass@1 "
         "gap with a gain above two standard errors; ESR / ADWIN reach it at a fraction of the tokens when they "
         "end within two standard errors (at least 0.02) of OPD's final pass@1, or above, having generated at "
-        "most half of OPD's tokens (probes included).")
+        "most half of OPD's tokens (probes included); a windowed arm of another loss or step size is judged "
+        "against the full-rollout OPD arm of that loss and step size.")
 
 
 def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap: dict, student_steps: int,

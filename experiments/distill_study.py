@@ -430,7 +430,7 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
     ax.set_ylabel("held-out pass@1 (T=1)")
   axes[0].set_xlabel("generated tokens (thousands, probes included)")
   axes[1].set_xlabel("RL step")
-  axes[0].legend(fontsize=7, loc="lower right")
+  axes[0].legend(fontsize=5, loc="lower right", ncol=2)
   fig.suptitle("On-policy distillation, 8 prompts x 8 samples a step (one line per seed; solid: single-sample "
                "advantage, dashed: full-vocabulary reverse KL, dotted: forward KL; triangles: lr 6e-4, "
                "squares: 320 steps)", fontsize=8)

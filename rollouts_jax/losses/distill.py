@@ -50,28 +50,7 @@ def full_reverse_kl(student_logprobs: Array, teacher_logprobs: Array, mask: Opti
     >>> float(full_reverse_kl(s, s, agg="token-mean"))
     0.0
   """
-  student_logprobs = jnp.asarray(student_logprobs)
-  teacher_logprobs = jnp.asarray(teacher_logprobs)
-  if student_logprobs.ndim != 3 or student_logprobs.shape != teacher_logprobs.shape:
-    raise ValueError(f"full_reverse_kl expects student and teacher log-probs of one shape [S, T, V], got "
-                     f"{student_logprobs.shape} and {teacher_logprobs.shape}.")
-  dtype = jnp.promote_types(student_logprobs.dtype, jnp.float32)
-  s = student_logprobs.astype(dtype)
-  t = jax.lax.stop_gradient(teacher_logprobs.astype(dtype))
-  # 0 * log 0 = 0: a vocabulary entry the student gives no mass contributes nothing (and no NaN
-  # from a -inf teacher log-prob there).
-  p = jnp.exp(s)
-  kl = jnp.sum(jnp.where(p > 0, p * (s - t), 0.0), axis=-1)
-  if mask is not None:
-    mask = jnp.asarray(mask).astype(bool)
-    if mask.shape != kl.shape:
-      raise ValueError(f"mask {mask.shape} must have the shape [S, T] {kl.shape}.")
-    kl = jnp.where(mask, kl, 0.0)
-  if agg is None:
-    return kl
-  if mask is None:
-    mask = jnp.ones(kl.shape, bool)
-  return aggregate(kl, mask, agg, max_len)
+  return _full_kl(student_logprobs, teacher_logprobs, mask, agg, max_len, reverse=True)
 
 
 def full_forward_kl(student_logprobs: Array, teacher_logprobs: Array, mask: Optional[Array] = None,
@@ -92,16 +71,25 @@ def full_forward_kl(student_logprobs: Array, teacher_logprobs: Array, mask: Opti
     >>> round(float(full_forward_kl(s, t)[0, 0]), 4)   # 0.25 ln 0.5 + 0.75 ln 1.5
     0.1308
   """
+  return _full_kl(student_logprobs, teacher_logprobs, mask, agg, max_len, reverse=False)
+
+
+def _full_kl(student_logprobs, teacher_logprobs, mask, agg, max_len, *, reverse: bool) -> Array:
+  """KL(p_s || p_t) (`reverse`) or KL(p_t || p_s) per position; masked, then optionally aggregated."""
+  name = "full_reverse_kl" if reverse else "full_forward_kl"
   student_logprobs = jnp.asarray(student_logprobs)
   teacher_logprobs = jnp.asarray(teacher_logprobs)
   if student_logprobs.ndim != 3 or student_logprobs.shape != teacher_logprobs.shape:
-    raise ValueError(f"full_forward_kl expects student and teacher log-probs of one shape [S, T, V], got "
+    raise ValueError(f"{name} expects student and teacher log-probs of one shape [S, T, V], got "
                      f"{student_logprobs.shape} and {teacher_logprobs.shape}.")
   dtype = jnp.promote_types(student_logprobs.dtype, jnp.float32)
   s = student_logprobs.astype(dtype)
   t = jax.lax.stop_gradient(teacher_logprobs.astype(dtype))
-  p = jnp.exp(t)
-  kl = jnp.sum(jnp.where(p > 0, p * (t - s), 0.0), axis=-1)
+  # The first distribution weighs the log-ratio; 0 * log 0 = 0: an entry it gives no mass
+  # contributes nothing (and no NaN from a -inf log-prob of the other there).
+  a, b = (s, t) if reverse else (t, s)
+  p = jnp.exp(a)
+  kl = jnp.sum(jnp.where(p > 0, p * (a - b), 0.0), axis=-1)
   if mask is not None:
     mask = jnp.asarray(mask).astype(bool)
     if mask.shape != kl.shape:

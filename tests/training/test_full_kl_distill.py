@@ -175,13 +175,8 @@ def test_batch_trim_and_concat_keep_the_vocabulary_axis():
 # ------------------------------------------------------------------------------ the pipeline and the config
 
 def _distill_pipeline(monkeypatch, **rollout):
-  from rollouts_jax.training import loop
-  from tests.pipeline.test_stages import _exp, _pipeline
-  monkeypatch.setattr(loop, "warm_start", lambda e, ex: (None, None, None, None))
-  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, **rollout})
-  p, params = _pipeline(exp)
-  p.teacher_params = models.init_params(p.cfg, jax.random.key(11))
-  return p, params
+  from tests.pipeline.test_distill import _distill_pipeline as pipeline
+  return pipeline(monkeypatch, **rollout)
 
 
 def test_pipeline_full_mode_carries_the_teachers_vocabulary_logprobs(monkeypatch):

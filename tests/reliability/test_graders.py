@@ -75,7 +75,10 @@ def test_unsafe_grader_is_isolated_even_when_inline_is_asked():
 
 
 _CTRL_C_SCRIPT = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # What an interactive Python has, whatever this test inherits (a suite started in the
+    # background of a non-interactive shell ignores SIGINT, and so would its children).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, sys.argv[1])
     from rollouts_jax import rewards
     import reliability_graders as graders
@@ -97,19 +100,25 @@ def test_ctrl_c_interrupts_scoring_while_a_grader_is_stuck_in_c():
   proc = subprocess.Popen([sys.executable, "-c", _CTRL_C_SCRIPT, str(HERE)], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
-  line = proc.stdout.readline()
-  assert line.startswith("pids"), proc.stderr.read()[-2000:]
-  worker = int(line.split()[1])
-  time.sleep(1.5)  # the grader is now spinning in C
-  t0 = time.monotonic()
-  proc.send_signal(signal.SIGINT)
-  out, err = proc.communicate(timeout=30)
-  assert proc.returncode == 0, err[-2000:]
-  assert "interrupted" in out and time.monotonic() - t0 < 10
-  deadline = time.monotonic() + 10
-  while _alive(worker) and time.monotonic() < deadline:
-    time.sleep(0.1)
-  assert not _alive(worker)
+  worker = None
+  try:
+    line = proc.stdout.readline()
+    assert line.startswith("pids"), proc.stderr.read()[-2000:]
+    worker = int(line.split()[1])
+    time.sleep(1.5)  # the grader is now spinning in C
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert "interrupted" in out and time.monotonic() - t0 < 10
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not _alive(worker)
+  finally:   # nothing left spinning if an assertion or the timeout fired
+    proc.kill()
+    if worker is not None and _alive(worker):
+      os.kill(worker, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("grader, kind, text", [

@@ -17,7 +17,10 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent("""
-    import os, sys, time, traceback
+    import os, signal, sys, time, traceback
+    # What an interactive Python has, whatever this test inherits (a suite started in the
+    # background of a non-interactive shell ignores SIGINT, and so would its children).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, jax.numpy as jnp
     from rollouts_jax.training import interrupts
@@ -46,13 +49,16 @@ _SCRIPT = textwrap.dedent("""
 def _run(mode, n, presses, gap=0.5):
   proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, mode, str(n)], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-  assert proc.stdout.readline().strip() == "compiling"
-  time.sleep(0.3)
-  t0 = time.monotonic()
-  for _ in range(presses):
-    proc.send_signal(signal.SIGINT)
-    time.sleep(gap)
-  out, err = proc.communicate(timeout=300)
+  try:
+    assert proc.stdout.readline().strip() == "compiling"
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    for _ in range(presses):
+      proc.send_signal(signal.SIGINT)
+      time.sleep(gap)
+    out, err = proc.communicate(timeout=300)
+  finally:
+    proc.kill()   # nothing left running if an assertion or the timeout fired
   return proc.returncode, out, err, time.monotonic() - t0
 
 

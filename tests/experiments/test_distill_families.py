@@ -1,21 +1,8 @@
 """experiments/distill_study.py: each loss's windowed arms are judged against that loss's full-rollout OPD."""
 
-import importlib.util
-import pathlib
-import sys
+from conftest import load_script
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _module():
-  spec = importlib.util.spec_from_file_location("distill_study_families", REPO / "experiments" / "distill_study.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["distill_study_families"] = module
-  spec.loader.exec_module(module)
-  return module
-
-
-ds = _module()
+ds = load_script("distill_study")
 
 
 def _result(arm, seed, after, tokens, before=0.45, teacher=0.95):

@@ -1,25 +1,13 @@
 """experiments/distill_study.py: curves, token counts, gap closure and verdicts on hand-made runs."""
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from conftest import load_script
 
-
-def _module():
-  spec = importlib.util.spec_from_file_location("distill_study", REPO / "experiments" / "distill_study.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["distill_study"] = module
-  spec.loader.exec_module(module)
-  return module
-
-
-ds = _module()
+ds = load_script("distill_study")
 
 TEACHER = {"eval/pass@1": 0.95, "eval/greedy_accuracy": 0.99, "eval/pass@4": 1.0}
 

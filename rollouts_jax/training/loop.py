@@ -29,6 +29,7 @@ from rollouts_jax.training.checkpoint import Checkpointer
 from rollouts_jax.training.config import ExperimentConfig, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
 from rollouts_jax.training.metrics import MetricsLogger, NullLogger, plot_curves
+from rollouts_jax.training import pipeline as pipeline_lib
 from rollouts_jax.training.pipeline import RolloutPipeline
 from rollouts_jax.training import placement as placement_lib
 from rollouts_jax.training.placement import Placement
@@ -113,6 +114,9 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
     pipe.prune, pipe.prune_oversample, pipe.prune_at = c.prune, c.prune_oversample, c.prune_at
     pipe.prune_target, pipe.prune_min_examples = c.prune_target, c.prune_min_examples
   ro = exp.rollout
+  if ro.distill.endswith("_full"):   # before any teacher is built (the teacher shares the student's vocabulary)
+    pipeline_lib.check_full_kl_bytes(ro.distill, c.prompts_per_step * ro.num_samples * ro.max_new_tokens,
+                                     cfg.vocab_size)
   if ro.external_samples or ro.distill:  # ERILS / distillation: a local checkpoint or a longer-trained warm start
     if ro.teacher_path:
       pipe.teacher_cfg, pipe.teacher_params = models.load_hf_checkpoint(ro.teacher_path,

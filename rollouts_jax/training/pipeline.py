@@ -50,6 +50,19 @@ log = logging.getLogger(__name__)
 FULL_KL_MAX_BYTES = 2**30
 
 
+def check_full_kl_bytes(distill: str, positions: int, vocab_size: int) -> None:
+  """Refuses full-vocabulary distillation whose teacher array (4 * positions * vocab bytes) is too large.
+
+  >>> check_full_kl_bytes("opd_full", 64 * 40, 108)   # the arithmetic miniature: about 1 MiB
+  """
+  need = 4 * int(positions) * int(vocab_size)
+  if need > FULL_KL_MAX_BYTES:
+    raise ValueError(f"rollout.distill={distill!r}: the teacher's log-probs over the vocabulary would take "
+                     f"{need / 2**30:.2f} GiB ({positions} positions x {vocab_size} tokens), above the "
+                     f"{FULL_KL_MAX_BYTES / 2**30:.2f} GiB limit; use the single-sample form "
+                     f"(rollout.distill={distill.removesuffix('_full')!r}) or fewer samples / tokens.")
+
+
 @flax.struct.dataclass
 class RefRewards:
   """Cached reference-policy rewards per prompt (PVPO's static anchor)."""
@@ -540,12 +553,7 @@ class RolloutPipeline:
     cfg = self.teacher_cfg or self.cfg
     m = np.asarray(batch.completion_mask)
     if vocab:
-      need = 4 * math.prod(m.shape) * cfg.vocab_size
-      if need > FULL_KL_MAX_BYTES:
-        raise ValueError(f"rollout.distill={self.distill!r}: the teacher's log-probs over the vocabulary would take "
-                         f"{need / 2**30:.2f} GiB ({m.shape} positions x {cfg.vocab_size} tokens), above the "
-                         f"{FULL_KL_MAX_BYTES / 2**30:.2f} GiB limit; use the single-sample form "
-                         f"(rollout.distill={self.distill_mode!r}) or fewer samples / tokens.")
+      check_full_kl_bytes(self.distill, math.prod(m.shape), cfg.vocab_size)
       teacher = np.asarray(rl_step_lib.batch_vocab_logprobs(
           self.teacher_params, jnp.asarray(batch.prompt_ids, jnp.int32), jnp.asarray(batch.prompt_mask),
           jnp.asarray(batch.completion_ids, jnp.int32), jnp.asarray(m), cfg=cfg,

@@ -212,6 +212,22 @@ def test_full_mode_refuses_a_vocabulary_too_large(monkeypatch):
     p.collect(p.init_state(), params, 0, jax.random.key(0))
 
 
+def test_full_mode_is_refused_before_the_teacher_is_built(monkeypatch):
+  from rollouts_jax.training import loop
+  from tests.pipeline.test_stages import _exp, _pipeline
+  built = []
+  monkeypatch.setattr(loop, "warm_start", lambda *a, **k: built.append(1) or (None, None, None, None))
+  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, "distill": "esr_full",
+                      "distill_window": 4})
+  monkeypatch.setattr(pipeline_lib, "FULL_KL_MAX_BYTES", 1000)
+  with pytest.raises(ValueError, match=r"rollout.distill='esr_full'.*single-sample form \(rollout.distill='esr'\)"):
+    _pipeline(exp)
+  assert not built
+  monkeypatch.setattr(pipeline_lib, "FULL_KL_MAX_BYTES", 2**30)
+  _pipeline(exp)   # within the limit the teacher is built
+  assert built == [1]
+
+
 def test_config_names_the_key():
   from tests.pipeline.test_stages import _exp
   with pytest.raises(ValueError, match="rollout.distill must be one of"):

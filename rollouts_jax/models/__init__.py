@@ -4,7 +4,7 @@ from rollouts_jax.models.config import (SUPPORTED_MODEL_TYPES, ModelConfig, conf
                                         config_to_hf)
 from rollouts_jax.models.hf import load_hf_checkpoint, save_hf_checkpoint
 from rollouts_jax.models.quantize import quantize_params
-from rollouts_jax.models.scoring import token_logprobs
+from rollouts_jax.models.scoring import pick_and_entropy, token_logprobs, vocab_logprobs
 from rollouts_jax.models.transformer import (KVCache, Params, dense, forward, forward_with_cache,
                                              init_cache, init_params, param_axes, param_shapes,
                                              positions_from_mask, rms_norm, unembed)
@@ -13,5 +13,5 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES", "ModelConfig", "config_from_hf", "config_to_hf", "load_hf_checkpoint",
     "save_hf_checkpoint", "KVCache", "Params", "dense", "forward", "forward_with_cache", "init_cache",
     "init_params", "param_axes", "param_shapes", "positions_from_mask", "rms_norm", "unembed",
-    "quantize_params", "token_logprobs",
+    "quantize_params", "token_logprobs", "vocab_logprobs", "pick_and_entropy",
 ]

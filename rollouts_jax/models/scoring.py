@@ -39,11 +39,25 @@ def token_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: ja
   >>> lp.shape, bool(jnp.all(lp <= 0)), bool(jnp.all(ent >= 0))
   ((1, 2), True, True)
   """
+  return pick_and_entropy(vocab_logprobs(cfg, params, tokens_RxL, mask_RxL, prompt_len, temperature=temperature),
+                          tokens_RxL[:, prompt_len:])
+
+
+def vocab_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax.Array, prompt_len: int, *,
+                   temperature: float = 1.0) -> jax.Array:
+  """float32 [R, T, V]: the tempered log-softmax over the vocabulary before each of tokens `[prompt_len:]`.
+
+  What `token_logprobs` gathers from (full-vocabulary distillation needs it whole, R T V floats).
+  Args as `token_logprobs`.
+  """
   hidden = transformer.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
   logits_RxTxV = transformer.unembed(cfg, params, hidden[:, prompt_len - 1:-1]).astype(jnp.float32)
   if temperature != 1.0:
     logits_RxTxV = logits_RxTxV / temperature
-  logp = jax.nn.log_softmax(logits_RxTxV, axis=-1)
-  lp = jnp.take_along_axis(logp, tokens_RxL[:, prompt_len:, None], axis=-1)[..., 0]
-  ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-  return lp, ent
+  return jax.nn.log_softmax(logits_RxTxV, axis=-1)
+
+
+def pick_and_entropy(logp_RxTxV: jax.Array, tokens_RxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(log-prob of each token [R, T], entropy [R, T]) from log-probs over the vocabulary."""
+  lp = jnp.take_along_axis(logp_RxTxV, tokens_RxT[..., None], axis=-1)[..., 0]
+  return lp, -jnp.sum(jnp.exp(logp_RxTxV) * logp_RxTxV, axis=-1)

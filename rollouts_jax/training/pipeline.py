@@ -554,10 +554,10 @@ class RolloutPipeline:
     m = np.asarray(batch.completion_mask)
     if vocab:
       check_full_kl_bytes(self.distill, math.prod(m.shape), cfg.vocab_size)
-      teacher = np.asarray(rl_step_lib.batch_vocab_logprobs(
+      teacher = np.asarray(rl_step_lib.batch_logprobs(
           self.teacher_params, jnp.asarray(batch.prompt_ids, jnp.int32), jnp.asarray(batch.prompt_mask),
           jnp.asarray(batch.completion_ids, jnp.int32), jnp.asarray(m), cfg=cfg,
-          temperature=float(self.sampling_config.temperature)), np.float32)
+          temperature=float(self.sampling_config.temperature), vocab=True), np.float32)
       teacher_lp = np.take_along_axis(teacher, np.asarray(batch.completion_ids)[..., None], axis=-1)[..., 0]
     else:
       scored, _ = sol_rl.recompute_batch(cfg, self.teacher_params, batch, temperature=self.sampling_config.temperature)

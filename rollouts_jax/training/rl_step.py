@@ -94,53 +94,6 @@ def completion_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array,
   return models.token_logprobs(cfg, params, tokens_RxL, mask_RxL, prompt_len, temperature=temperature)
 
 
-def completion_vocab_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array, mask_RxL: jax.Array,
-                              prompt_len: int, temperature: float = 1.0) -> jax.Array:
-  """float32 [R, T, V]: the tempered log-softmax over the vocabulary at each completion position.
-
-  The same numerics as `completion_logprobs` (which gathers the sampled token from it), for the
-  full-vocabulary distillation loss; it costs R * T * V floats.
-
-  >>> import jax, jax.numpy as jnp
-  >>> cfg = models.ModelConfig(vocab_size=11, hidden_size=8, intermediate_size=16, num_layers=1,
-  ...                          num_heads=2, num_kv_heads=1)
-  >>> params = models.init_params(cfg, jax.random.key(0))
-  >>> toks = jnp.array([[1, 2, 3, 4]])
-  >>> logp = completion_vocab_logprobs(cfg, params, toks, toks > 0, 2)
-  >>> lp, _ = completion_logprobs(cfg, params, toks, toks > 0, 2)
-  >>> logp.shape, bool(jnp.allclose(jnp.take_along_axis(logp, toks[:, 2:, None], -1)[..., 0], lp, atol=1e-5))
-  ((1, 2, 11), True)
-  """
-  hidden = models.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
-  logits = models.unembed(cfg, params, hidden[:, prompt_len - 1:-1]).astype(jnp.float32)
-  if temperature != 1.0:
-    logits = logits / temperature
-  return jax.nn.log_softmax(logits, axis=-1)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows"))
-def batch_vocab_logprobs(params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
-                         completion_mask: jax.Array, *, cfg: ModelConfig, temperature: float = 1.0,
-                         micro_rows: int = 0) -> jax.Array:
-  """Log-probs [B, N, T, V] over the vocabulary at a batch's completion positions (no gradient; 0 off the mask).
-
-  The teacher's side of full-vocabulary distillation (`losses.full_reverse_kl`). `micro_rows`
-  rows go through the model at a time (0: all B * N; it must divide B * N).
-  """
-  tokens, attn = teacher_forced_rows(prompt_ids, prompt_mask, completion_ids)
-  R = tokens.shape[0]
-  micro = micro_rows or R
-  if R % micro:
-    raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
-  P = prompt_ids.shape[1]
-
-  def body(_, xs):
-    return None, completion_vocab_logprobs(cfg, params, xs[0], xs[1], P, temperature)
-  _, logp = jax.lax.scan(body, None, (_split(tokens, R // micro), _split(attn, R // micro)))
-  logp = jax.lax.stop_gradient(logp.reshape(completion_ids.shape + logp.shape[-1:]))
-  return jnp.where(completion_mask[..., None], logp, 0.0)
-
-
 def _rows(r: RolloutBatch):
   """Flattens [B, N] groups into R = B * N rows of prompt + completion."""
   tokens, attn = teacher_forced_rows(r.prompt_ids, r.prompt_mask, r.completion_ids)
@@ -160,22 +113,27 @@ def _split(x, n):
   return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
 
-def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro, temperature):
+def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro, temperature, vocab=False):
+  """Rows' completion log-probs [R, T] (or over the vocabulary, [R, T, V]), n_micro scan steps, no gradient."""
   def body(_, xs):
+    if vocab:
+      return None, models.vocab_logprobs(cfg, params, xs[0], xs[1], P, temperature=temperature)
     lp, _ = completion_logprobs(cfg, params, xs[0], xs[1], P, temperature)
     return None, lp
   _, lp = jax.lax.scan(body, None, (_split(tokens, n_micro), _split(attn, n_micro)))
   return jax.lax.stop_gradient(lp.reshape((-1,) + lp.shape[2:]))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows"))
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows", "vocab"))
 def batch_logprobs(params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
                    completion_mask: jax.Array, *, cfg: ModelConfig, temperature: float = 1.0,
-                   micro_rows: int = 0) -> jax.Array:
+                   micro_rows: int = 0, vocab: bool = False) -> jax.Array:
   """Log-probs [B, N, T] of a batch's completion tokens under `params` (no gradient; 0 off the mask).
 
   The trainer's own numerics for a given policy: the "old logits" of a stale batch under the
-  version that generated it, or under a proximal policy (`training.async_rollouts`).
+  version that generated it, or under a proximal policy (`training.async_rollouts`). With
+  `vocab`, the log-probs over the whole vocabulary at those positions, [B, N, T, V] (the
+  teacher's side of full-vocabulary distillation, `losses.full_reverse_kl`).
   `micro_rows` rows go through the model at a time (0: all B * N; it must divide B * N).
   """
   tokens, attn = teacher_forced_rows(prompt_ids, prompt_mask, completion_ids)
@@ -183,8 +141,9 @@ def batch_logprobs(params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array
   micro = micro_rows or R
   if R % micro:
     raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
-  lp = _no_grad_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature)
-  return jnp.where(completion_mask, lp.reshape(completion_ids.shape), 0.0)
+  lp = _no_grad_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature, vocab=vocab)
+  lp = lp.reshape(completion_ids.shape + lp.shape[2:])
+  return jnp.where(completion_mask.reshape(completion_mask.shape + (1,) * (lp.ndim - 3)), lp, 0.0)
 
 
 def echo_shaped(adv_BxNxT: jax.Array, rollouts: RolloutBatch, sample_mask_BxN: jax.Array, lam: float) -> jax.Array:
@@ -282,9 +241,8 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
 
   def micro_loss(params, mb, totals):
     if full_kl:   # one forward gives the vocabulary log-probs, the sampled token's and the entropy
-      logp = completion_vocab_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature)
-      lp = jnp.take_along_axis(logp, mb["tokens"][:, P:, None], axis=-1)[..., 0]
-      ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+      logp = models.vocab_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature=temperature)
+      lp, ent = models.pick_and_entropy(logp, mb["tokens"][:, P:])
       total = losses.distill.DIRECTIONS[rl.distill_kl](logp, mb["teacher"], mb["mask"], agg=rl.agg, max_len=max_len)
       m = {"distill_kl": total, "ratio_max": jnp.ones(()), "ratio_min": jnp.ones(())}
     else:

@@ -117,8 +117,8 @@ def _rollouts(B=2, N=3, P=4, T=5, seed=0):
 
 
 def _teacher_logprobs(params, r, temperature=1.0):
-  return rl.batch_vocab_logprobs(params, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, cfg=CFG,
-                                 temperature=temperature)
+  return rl.batch_logprobs(params, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, cfg=CFG,
+                           temperature=temperature, vocab=True)
 
 
 def test_vocab_logprobs_gather_to_the_sampled_tokens_logprobs():

@@ -103,7 +103,8 @@ def echo_hybrid_advantages(advantages_BxN: Array, entropy_BxNxT: Array, confiden
   unshaped weight; a zero advantage stays zero (so zero-std groups keep A = 0).
 
   Args:
-    advantages_BxN: per-response advantages (e.g. GRPO's).
+    advantages_BxN: per-response advantages [B, N] (e.g. GRPO's), or per-token ones [B, N, T]
+      or [B, N, 1] (shaped token by token: the sign of A_{i,t} picks the confidence factor).
     entropy_BxNxT: per-token policy entropy (`SampleOutput.entropy`).
     confidence_BxN: per-response confidence (e.g. `mean_token_confidence` of `TreeInfo.confidence`).
     completion_mask_BxNxT: valid tokens.
@@ -123,7 +124,8 @@ def echo_hybrid_advantages(advantages_BxN: Array, entropy_BxNxT: Array, confiden
   h = jnp.where(m, jnp.asarray(entropy_BxNxT, jnp.float32), 0.0)
   mean_h = jnp.sum(h, axis=-1, keepdims=True) / jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1)
   rel = jnp.where(mean_h > 0, h / jnp.where(mean_h > 0, mean_h, 1.0), 1.0)
-  a = jnp.asarray(advantages_BxN, jnp.float32)[..., None]
+  a = jnp.asarray(advantages_BxN, jnp.float32)
+  a = a[..., None] if a.ndim == 2 else a
   c = normalized_confidence(confidence_BxN, sample_mask_BxN)[..., None]
   out = a * ((1.0 - lam) + lam * rel) * jnp.where(a > 0, c, 1.0)
   return jnp.where(m, out, 0.0)

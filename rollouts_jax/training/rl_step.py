@@ -152,13 +152,8 @@ def echo_shaped(adv_BxNxT: jax.Array, rollouts: RolloutBatch, sample_mask_BxN: j
   A_t ((1 - lam) + lam H_t / mean_t H) (c if A_t > 0 else 1), with c the response's confidence
   normalised within its group (`advantages.echo_hybrid_advantages`, applied token by token).
   """
-  mask = rollouts.completion_mask
-  pos = advantages_lib.echo_hybrid_advantages(jnp.ones(mask.shape[:2]), rollouts.entropy, rollouts.confidence, mask,
-                                              lam=lam, sample_mask_BxN=sample_mask_BxN)
-  neg = -advantages_lib.echo_hybrid_advantages(-jnp.ones(mask.shape[:2]), rollouts.entropy, rollouts.confidence,
-                                               mask, lam=lam, sample_mask_BxN=sample_mask_BxN)
-  adv = jnp.broadcast_to(adv_BxNxT, mask.shape)
-  return jnp.where(mask, adv * jnp.where(adv > 0, pos, neg), 0.0)
+  return advantages_lib.echo_hybrid_advantages(adv_BxNxT, rollouts.entropy, rollouts.confidence,
+                                               rollouts.completion_mask, lam=lam, sample_mask_BxN=sample_mask_BxN)
 
 
 def _advantage_extras(rollouts: RolloutBatch) -> dict[str, Any]:

@@ -26,6 +26,12 @@ logits is bounded). `_lr3` takes twice the step (3e-4); `opd_full_long` runs 320
 instead of 160 (the cosine schedule stretched over them), `opd_full_lr3_long` both, and
 `opd_lr3_long` is the single-sample control of the latter.
 
+With `,mul` the task is multiplication instead (`data.ops="*"`, operands of 1-2 digits: a worked
+partial product per digit of the multiplier, then their sums; 8,000 training problems, 500 held
+out, answers up to 56 tokens), where the student's divergence from the teacher sits earlier (the
+first products): the student is the same 275-step warm start, the teacher trained 600 steps,
+and `esr16` is ESR with a 16-token window.
+
 Add `,smoke` for a tiny model and one RL step (the test suite; `smoke` alone is the OPD arm's).
 
   python experiments/train.py --config=configs/distill_arms.py:esr --workdir=/tmp/distill_esr
@@ -35,26 +41,31 @@ import os
 
 from rollouts_jax.training.config import load_config_file, parse_config_arg
 
-ARMS = ("opd", "opd_lr3", "esr", "esr24", "adwin", "grpo", "opd_full", "esr_full", "esr24_full", "adwin_full",
+ARMS = ("opd", "opd_lr3", "esr", "esr16", "esr24", "adwin", "grpo", "opd_full", "esr_full", "esr24_full", "adwin_full",
         "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "esr24_fwd", "adwin_fwd",
-        "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr24_full_lr3",
-        "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long")
-# An arm is its rollouts (opd, esr, esr24, adwin; grpo: no teacher) and modifiers: full (the
+        "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr16_full_lr3",
+        "esr24_full_lr3", "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long")
+# An arm is its rollouts (opd, esr, esr16, esr24, adwin; grpo: no teacher) and modifiers: full (the
 # full-vocabulary reverse KL), fwd (the forward one), lr3 / lr6 (learning rate 3e-4 / 6e-4), long
 # (320 RL steps).
 LEARNING_RATES = {"lr3": 3e-4, "lr6": 6e-4}
-TEACHER_SFT_STEPS = 400
+TEACHER_SFT_STEPS = {"add": 400, "mul": 600}   # per task
+WINDOWS = {"esr16": 16, "esr24": 24}           # ESR's k (12 for esr and ADWIN's start)
 
 
 def get_config(arg=None):
-  words = parse_config_arg(arg, ARMS + ("smoke",))
-  smoke = "smoke" in words
-  arms = [w for w in words if w != "smoke"] or (["opd"] if smoke else [])   # `smoke` alone: the OPD arm
+  words = parse_config_arg(arg, ARMS + ("smoke", "mul"))
+  smoke, task = "smoke" in words, "mul" if "mul" in words else "add"
+  arms = [w for w in words if w not in ("smoke", "mul")] or (["opd"] if smoke else [])   # `smoke`: the OPD arm
   if len(arms) != 1 or arms[0] not in ARMS:
-    raise ValueError(f"distill_arms.py needs one arm of {ARMS} (and optionally 'smoke'), got {arg!r}.")
+    raise ValueError(f"distill_arms.py needs one arm of {ARMS} (and optionally 'mul', 'smoke'), got {arg!r}.")
   arm, *mods = arms[0].split("_")
   config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
   config.eval.every = 20 if not smoke else 0
+  if task == "mul":
+    config.data.ops, config.data.difficulty = "*", 2
+    if not smoke:
+      config.data.num_train, config.data.num_test, config.rollout.max_new_tokens = 8000, 500, 56
   if not smoke:
     config.rl.steps = 320 if "long" in mods else 160
   for m in mods:
@@ -62,11 +73,11 @@ def get_config(arg=None):
       config.rl.learning_rate = LEARNING_RATES[m]
   if arm == "grpo":
     return config
-  config.rollout.teacher_sft_steps = TEACHER_SFT_STEPS if not smoke else config.sft.steps + 5
+  config.rollout.teacher_sft_steps = TEACHER_SFT_STEPS[task] if not smoke else config.sft.steps + 5
   full = "full" in mods or "fwd" in mods
-  config.rollout.distill = {"esr24": "esr"}.get(arm, arm) + ("_full" if full else "")
+  config.rollout.distill = ("esr" if arm in WINDOWS else arm) + ("_full" if full else "")
   if "fwd" in mods:
     config.rl.distill_kl = "forward"
-  window = {"esr24": 24}.get(arm, 12)
+  window = WINDOWS.get(arm, 12)
   config.rollout.distill_window = window if not smoke else 8
   return config

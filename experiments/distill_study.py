@@ -38,11 +38,17 @@ from typing import Any, Callable, Sequence
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 CONFIG = "configs/distill_arms.py"
+# The task of the study (`--task`): "add" (the default arithmetic) or "mul" (`distill_arms.py`'s `mul`
+# variant); set once by `main`.
+TASK = "add"
+TASK_TEXT = {"add": "Arithmetic (3-digit addition, worked carries, answers up to 40 tokens)",
+             "mul": "Arithmetic (multiplication of 1-2 digit numbers, a worked partial product per digit of the "
+                    "multiplier and then their sums, answers up to 56 tokens)"}
 # Priority order within a seed; "_full": the full-vocabulary reverse-KL loss on the same rollouts.
 ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24", "grpo", "opd_full", "esr_full", "adwin_full", "esr24_full",
         "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "adwin_fwd", "esr24_fwd",
         "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr24_full_lr3",
-        "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long")
+        "adwin_full_lr3", "esr16_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long")
 DISTILL_ARMS = tuple(a for a in ARMS if a != "grpo")
 LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k=12", "esr24": "ESR k=24", "adwin": "ADWIN (k0=12)",
           "grpo": "GRPO (task reward)", "opd_full": "OPD, full KL", "esr_full": "ESR k=12, full KL",
@@ -54,7 +60,7 @@ LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k
           "opd_fwd_lr6": "OPD, forward KL, lr 6e-4", "esr_fwd_lr6": "ESR k=12, forward KL, lr 6e-4",
           "adwin_fwd_lr6": "ADWIN (k0=12), forward KL, lr 6e-4", "opd_full_lr3": "OPD, full KL, lr 3e-4",
           "esr_full_lr3": "ESR k=12, full KL, lr 3e-4", "esr24_full_lr3": "ESR k=24, full KL, lr 3e-4",
-          "adwin_full_lr3": "ADWIN (k0=12), full KL, lr 3e-4", "opd_full_long": "OPD, full KL, 320 steps",
+          "adwin_full_lr3": "ADWIN (k0=12), full KL, lr 3e-4", "esr16_full_lr3": "ESR k=16, full KL, lr 3e-4", "opd_full_long": "OPD, full KL, 320 steps",
           "opd_full_lr3_long": "OPD, full KL, lr 3e-4, 320 steps", "opd_lr3_long": "OPD, lr 3e-4, 320 steps"}
 
 # Each full-rollout reference and the windowed arms trained with the same loss and step size,
@@ -62,7 +68,7 @@ LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k
 FAMILIES = {"opd": ("esr", "esr24", "adwin"), "opd_full": ("esr_full", "esr24_full", "adwin_full"),
             "opd_full_lr6": ("esr_full_lr6", "adwin_full_lr6"), "opd_fwd": ("esr_fwd", "esr24_fwd", "adwin_fwd"),
             "opd_fwd_lr6": ("esr_fwd_lr6", "adwin_fwd_lr6"),
-            "opd_full_lr3": ("esr_full_lr3", "esr24_full_lr3", "adwin_full_lr3"), "opd_full_long": (),
+            "opd_full_lr3": ("esr_full_lr3", "esr16_full_lr3", "esr24_full_lr3", "adwin_full_lr3"), "opd_full_long": (),
             "opd_full_lr3_long": (), "opd_lr3_long": ()}
 REFERENCE = {a: ref for ref, arms in FAMILIES.items() for a in arms}
 
@@ -364,6 +370,19 @@ def markdown(doc: dict) -> str:
               f"length {kl['mean_length']:.1f} tokens): the summed reverse KL to the teacher is {kl['total']:.2f} "
               f"nats per rollout; its share in the {shares}; tokens whose estimate exceeds 2 nats are "
               f"{kl['big_token_frac']:.1%} of tokens and carry {kl['big_token_share']:.0%} of |log-ratio| mass.", ""]
+  errors = doc.get("error_positions") or {}
+  if errors:
+    ks = [k for k in errors["start"] if k.isdigit()]
+    lines += [f"Where the greedy answers go wrong ({errors['start']['prompts']} held-out prompts, seed 0's final "
+              "policy of each arm): a wrong answer's position is where its completion first leaves the worked "
+              "reference solution.", "",
+              "| policy | wrong | median position | " + " | ".join(f"within first {k}" for k in ks) + " |",
+              "|---|---|---|" + "---|" * len(ks)]
+    for name, e in errors.items():
+      cells = " | ".join("n/a" if e[k] is None else f"{e[k]:.0%}" for k in ks)
+      lines.append(f"| {'student (start)' if name == 'start' else LABELS.get(name, name)} | {e['wrong']} | "
+                   f"{e['median_position']} | {cells} |")
+    lines.append("")
   ok, why = v["approaches"]
   lines += [f"Student approaches the teacher: **{_word(ok)}**. {why}.", ""]
   for ref, (ok, why) in (v.get("approaches_by") or {}).items():
@@ -439,7 +458,7 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
   plt.close(fig)
 
 
-SETUP = ("Arithmetic (3-digit addition, worked carries, answers up to 40 tokens), a 0.6M-parameter character "
+SETUP = ("{task}, a 0.6M-parameter character "
          "model. Student: the 275-step SFT warm start; teacher: the same recipe trained {teacher} steps. "
          "160 RL steps of 8 prompts x 8 samples (lr 1.5e-4, one update per step); a token's advantage is "
          "log p_teacher - log p_student on the student's own sample (single-sample reverse KL, no baseline). "
@@ -460,17 +479,19 @@ RULE = ("the student approaches the teacher when full-rollout OPD closes at leas
 
 def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap: dict, student_steps: int,
                   teacher_steps: int, planned_seeds: int, smoke: bool = False, missing: Sequence[str] = (),
-                  plot: bool = True, stem: str = "distill", kl: dict | None = None) -> dict[str, Any]:
+                  plot: bool = True, stem: str = "distill", kl: dict | None = None,
+                  errors: dict | None = None) -> dict[str, Any]:
   """Writes STEM.json and .md (and .png) from run results; returns the JSON document."""
   table = aggregate(results)
   v = verdict(table)
   teacher = teacher_gap.get(str(teacher_steps), {})
-  doc = {"setup": SETUP.format(teacher=teacher_steps), "rule": RULE, "smoke": smoke,
+  doc = {"setup": SETUP.format(task=TASK_TEXT[TASK], teacher=teacher_steps), "task": TASK, "rule": RULE,
+         "smoke": smoke,
          "student_sft_steps": student_steps, "teacher_sft_steps": teacher_steps,
          "teacher_pass@1": teacher.get("eval/pass@1"), "teacher_greedy": teacher.get("eval/greedy_accuracy"),
          "teacher_gap": teacher_gap, "planned_seeds": planned_seeds, "verdict": v, "not_run": list(missing),
          "arms": table, "runs": sorted(results, key=lambda r: (ARMS.index(r["arm"]), r["seed"])),
-         "kl_profile": kl or {},
+         "kl_profile": kl or {}, "error_positions": errors or {},
          "matched_budget": {a: m for a in ARMS if a not in FAMILIES
                             for m in [matched_budget(results, a, REFERENCE.get(a, "opd"))] if m}}
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -486,9 +507,14 @@ def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap
 # Warm starts, the teacher gap and runs
 # ---------------------------------------------------------------------------------------------
 
+def _config_arg(arm: str, smoke: bool) -> str:
+  """The argument of `distill_arms.py` for an arm of this study's task."""
+  return arm + (",mul" if TASK == "mul" else "") + (",smoke" if smoke else "")
+
+
 def _exp(arm: str, smoke: bool, overrides: Sequence[str] = ()):
   from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  config = config_lib.load_config_file(REPO / CONFIG, arm + (",smoke" if smoke else ""))
+  config = config_lib.load_config_file(REPO / CONFIG, _config_arg(arm, smoke))
   for item in overrides:
     key, _, raw = item.partition("=")
     *parents, leaf = key.split(".")
@@ -588,6 +614,82 @@ def kl_profile(teacher_steps: int, *, num_prompts: int = 64, windows: Sequence[i
               big_token_frac=float((m & (kl > 2)).sum() / max(m.sum(), 1)), rollouts=int(m.shape[0]))
 
 
+def first_divergence(text: str, reference: str) -> int:
+  """The index of the first character where `text` leaves `reference` (their common prefix's length).
+
+  With the character tokenizer of the arithmetic model this is also the token position.
+
+  >>> first_divergence("7+9+0=15", "7+9+0=16")
+  7
+  >>> first_divergence("abc", "abc")
+  3
+  """
+  n = min(len(text), len(reference))
+  return next((i for i in range(n) if text[i] != reference[i]), n)
+
+
+def error_summary(positions: Sequence[int], total: int, windows: Sequence[int]) -> dict[str, Any]:
+  """How many greedy answers were wrong and where they first left the reference solution.
+
+  Args:
+    positions: the first-divergence position of each wrong answer.
+    total: how many prompts were decoded.
+    windows: the k's: the share of wrong answers that left the reference inside the first k tokens.
+
+  >>> error_summary([8, 9, 30], 10, [12])
+  {'prompts': 10, 'wrong': 3, 'median_position': 9, '12': 0.6666666666666666}
+  """
+  pos = sorted(int(p) for p in positions)
+  out: dict[str, Any] = {"prompts": int(total), "wrong": len(pos),
+                         "median_position": pos[len(pos) // 2] if pos else None}
+  out.update({str(k): (sum(p < k for p in pos) / len(pos)) if pos else None for k in windows})
+  return out
+
+
+def error_positions(runs: Sequence[tuple[str, pathlib.Path]], *, num_prompts: int = 200,
+                    windows: Sequence[int] = (12, 24), smoke: bool = False) -> dict[str, dict[str, Any]]:
+  """Where the greedy answers of the warm start and of each run's final policy first go wrong.
+
+  Each policy decodes the held-out prompts greedily; a wrong answer's (one whose <answer> is not
+  the reference's) position is where its completion first leaves the worked reference solution. Tells whether a window of k tokens
+  covers the student's mistakes, and whether training inside a window moved them later.
+
+  Args:
+    runs: (name, finished workdir) pairs.
+
+  Returns:
+    {"start": summary, name: summary, ...} (see `error_summary`).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import sampling  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.data import formatting  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import evaluation, loop  # pylint: disable=g-import-not-at-top
+  exp = _exp("opd", smoke)
+  train, test = loop.load_task(exp)
+  cfg, start, tokenizer, _ = loop.warm_start(exp, train)
+  examples = list(test[:num_prompts])
+  conf = loop.sampling_config(exp, tokenizer).replace(temperature=0.0, num_samples=1)
+  prompt = loop.prompter(exp, tokenizer)
+
+  def summarize(params):
+    positions = []
+    for lo in range(0, len(examples), exp.eval.batch_size):
+      chunk = examples[lo:lo + exp.eval.batch_size]
+      ids, mask = prompt(chunk)
+      out = jax.device_get(sampling.sample(cfg, params, ids, mask, jax.random.key(0), conf))
+      texts = evaluation.decode_completions(tokenizer, np.asarray(out.completion_ids), np.asarray(out.completion_mask))
+      for ex, (text,) in zip(chunk, texts):
+        if formatting.parse_answer(text) != ex["answer"]:
+          positions.append(first_divergence(text, ex["solution"]))
+    return error_summary(positions, len(examples), windows)
+
+  out = {"start": summarize(start)}
+  for name, workdir in runs:
+    out[name] = summarize(loop.latest_params(exp, workdir, start))
+  return out
+
+
 def warm_start_overrides(runs_dir: pathlib.Path, smoke: bool, teacher_steps: int) -> list[str]:
   """Overrides that load seed 0's student as a local checkpoint and its teacher from a private cache.
 
@@ -627,7 +729,7 @@ def run_one(arm: str, seed: int, workdir: pathlib.Path, overrides: Sequence[str]
   _link_teacher(arm, smoke, overrides, teacher_folder)
   wall_file = workdir / "wall_s.json"
   earlier = json.loads(wall_file.read_text())["wall_s"] if wall_file.exists() else 0.0
-  cmd = [sys.executable, "experiments/train.py", f"--config={CONFIG}:{arm}" + (",smoke" if smoke else ""),
+  cmd = [sys.executable, "experiments/train.py", f"--config={CONFIG}:{_config_arg(arm, smoke)}",
          f"--workdir={workdir}", "--progress=false"] + [f"--config.{o}" for o in overrides]
   t0 = time.time()
   with open(workdir / "train.log", "a") as log:
@@ -648,23 +750,32 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--gap", action="store_true", help="measure the warm starts' held-out accuracy and exit")
   parser.add_argument("--gap_steps", default="275,400,600", help="SFT steps measured by --gap")
-  parser.add_argument("--teacher_steps", type=int, default=400)
+  parser.add_argument("--task", choices=("add", "mul"), default="add",
+                      help="add: the default arithmetic; mul: distill_arms.py's multiplication variant")
+  parser.add_argument("--teacher_steps", type=int, default=0, help="0: the task's (400 add, 600 mul)")
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--arms", default=",".join(ARMS), help="arms to run (finished runs of the others are reported)")
-  parser.add_argument("--runs_dir", default=os.path.join(tempfile.gettempdir(), "rollouts_distill160"))
+  parser.add_argument("--runs_dir", default=None, help="default: TMP/rollouts_distill160[_mul]")
   parser.add_argument("--results_dir", default=str(RESULTS))
   parser.add_argument("--threads", type=int, default=1, help="CPU threads per training process (0: default)")
   parser.add_argument("--stop_at", default=None, help="HH:MM UTC after which no new run starts")
   parser.add_argument("--report_only", action="store_true")
   parser.add_argument("--kl_profile", action="store_true", help="measure where the reverse KL sits and exit")
+  parser.add_argument("--error_positions", action="store_true",
+                      help="measure where seed 0's final greedy answers of each finished arm go wrong and exit")
   parser.add_argument("--smoke", action="store_true", help="the arms' smoke variants, one seed (not a result)")
   args = parser.parse_args(argv)
-  runs_dir = pathlib.Path(args.runs_dir) / ("smoke" if args.smoke else "")
+  global TASK
+  TASK = args.task
+  suffix = "" if TASK == "add" else "_" + TASK
+  runs_dir = pathlib.Path(args.runs_dir or os.path.join(tempfile.gettempdir(), "rollouts_distill160" + suffix)) / (
+      "smoke" if args.smoke else "")
   results_dir = pathlib.Path(args.results_dir)
   gap_file = runs_dir / "teacher_gap.json"
   gap = json.loads(gap_file.read_text()) if gap_file.exists() else {}
   student_steps = _exp("opd", args.smoke).sft.steps
-  teacher_steps = args.teacher_steps if not args.smoke else _exp("opd", True).rollout.teacher_sft_steps
+  teacher_steps = (args.teacher_steps or _exp("opd", False).rollout.teacher_sft_steps) if not args.smoke else (
+      _exp("opd", True).rollout.teacher_sft_steps)
   if args.gap or not gap:
     steps = [int(s) for s in args.gap_steps.split(",")] if not args.smoke else [student_steps, teacher_steps]
     gap.update(measure_gap([s for s in steps if str(s) not in gap], smoke=args.smoke))
@@ -674,9 +785,16 @@ def main(argv=None):
       return
   kl_file = runs_dir / "kl_profile.json"
   if args.kl_profile:
-    kl_file.write_text(json.dumps(kl_profile(teacher_steps, smoke=args.smoke), indent=1))
+    kl_file.write_text(json.dumps(kl_profile(teacher_steps, windows=(12, 16, 24), smoke=args.smoke), indent=1))
     return
   kl = json.loads(kl_file.read_text()) if kl_file.exists() else None
+  errors_file = runs_dir / "error_positions.json"
+  if args.error_positions:
+    done = [(a, runs_dir / a / "seed0") for a in ARMS if a in args.arms.split(",")
+            if (runs_dir / a / "seed0" / "result.json").exists()]
+    errors_file.write_text(json.dumps(error_positions(done, smoke=args.smoke), indent=1))
+    return
+  errors = json.loads(errors_file.read_text()) if errors_file.exists() else None
   if str(teacher_steps) not in gap:
     gap.update(measure_gap([teacher_steps], smoke=args.smoke))
     gap_file.write_text(json.dumps(gap, indent=1))
@@ -687,7 +805,8 @@ def main(argv=None):
   seeds = 1 if args.smoke else args.seeds
   results, missing = [], []
   kw = dict(teacher_gap=gap, student_steps=student_steps, teacher_steps=teacher_steps, planned_seeds=seeds,
-            smoke=args.smoke, stem="distill" if not args.smoke else "distill_smoke", kl=kl)
+            smoke=args.smoke, stem="distill" + suffix + ("_smoke" if args.smoke else ""), kl=kl,
+            errors=errors)
   for seed in range(seeds):
     for arm in ARMS:
       workdir = runs_dir / arm / f"seed{seed}"

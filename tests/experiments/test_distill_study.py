@@ -157,3 +157,42 @@ def test_matched_budget_reads_the_reference_curve_at_the_arms_token_count():
   assert ds.matched_budget(esr, "esr") is None
   dear = ds.matched_budget(opd + [_result("adwin", 0, 0.7, 25000)], "adwin")   # more tokens than OPD used
   assert dear["reference_at_budget"] == pytest.approx(0.8)   # OPD's final value
+
+
+def test_first_divergence_and_error_summary_place_mistakes_against_the_windows():
+  ref = "7+9+0=16\n4+8+1=13\n<answer>136</answer>"
+  assert ds.first_divergence(ref, ref) == len(ref)
+  assert ds.first_divergence("7+9+0=15\n", ref) == 7              # a wrong digit
+  assert ds.first_divergence("7+9+0=16\n4+8", ref) == 12          # stopped early: where it ran out
+  assert ds.first_divergence(ref.replace("136", "146"), ref) == ref.index("136") + 1
+  out = ds.error_summary([7, 30, 12, 11], 20, [12, 24])
+  assert out == {"prompts": 20, "wrong": 4, "median_position": 12, "12": 0.5, "24": 0.75}
+  assert ds.error_summary([], 20, [12]) == {"prompts": 20, "wrong": 0, "median_position": None, "12": None}
+
+
+def test_the_report_tabulates_where_each_policy_goes_wrong(tmp_path):
+  errors = {"start": ds.error_summary([8, 8, 30], 200, [12, 24]),
+            "esr": ds.error_summary([9, 26, 27, 40], 200, [12, 24])}
+  doc = ds.write_outputs([_result("opd", 0, 0.8, 20000)], tmp_path, teacher_gap={}, student_steps=275,
+                         teacher_steps=400, planned_seeds=1, plot=False, errors=errors)
+  assert doc["error_positions"] == errors
+  md = (tmp_path / "distill.md").read_text()
+  assert "| student (start) | 3 | 8 | 67% | 67% |" in md
+  assert f"| {ds.LABELS['esr']} | 4 | 27 | 25% | 25% |" in md
+
+
+def test_the_multiplication_variant_of_the_arms(monkeypatch):
+  from rollouts_jax.training import config as config_lib
+  arms = str(ds.REPO / ds.CONFIG)
+  add = config_lib.load_config_file(arms, "esr16_full_lr3")
+  mul = config_lib.load_config_file(arms, "esr16_full_lr3,mul")
+  assert (add.data.ops, mul.data.ops, mul.data.difficulty) == ("+", "*", 2)
+  assert (mul.rollout.distill, mul.rollout.distill_window, mul.rl.learning_rate) == ("esr_full", 16, 3e-4)
+  assert (add.rollout.teacher_sft_steps, mul.rollout.teacher_sft_steps) == (400, 600)
+  assert mul.rollout.max_new_tokens == 56 and mul.data.num_train == 8000
+  assert config_lib.load_config_file(arms, "mul,smoke").data.ops == "*"   # the smoke form keeps the task
+  monkeypatch.setattr(ds, "TASK", "mul")
+  assert ds._config_arg("adwin_full_lr3", True) == "adwin_full_lr3,mul,smoke"
+  assert ds._exp("opd", False).data.ops == "*"
+  with pytest.raises(ValueError, match="mul"):
+    config_lib.load_config_file(arms, "opd,esr")

@@ -13,8 +13,8 @@ from tests.pipeline.test_stages import _exp, _pipeline
 
 
 def _distill_pipeline(monkeypatch, **rollout):
-  from rollouts_jax.training import loop
-  monkeypatch.setattr(loop, "warm_start", lambda e, ex: (None, None, None, None))
+  from rollouts_jax.training import build
+  monkeypatch.setattr(build, "warm_start", lambda e, ex: (None, None, None, None))
   exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, **rollout})
   p, params = _pipeline(exp)
   p.teacher_params = models.init_params(p.cfg, jax.random.key(11))

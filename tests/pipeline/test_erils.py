@@ -35,8 +35,8 @@ def test_pipeline_mixes_external_rollouts_into_groups(monkeypatch):
   exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 8, "external_samples": 2, "teacher_sft_steps": 5},
              rl={"advantage": "erils"})
   # Build with a stand-in external policy (no SFT here): a different random model.
-  from rollouts_jax.training import loop
-  monkeypatch.setattr(loop, "warm_start", lambda e, ex: (None, "external", None, None))
+  from rollouts_jax.training import build
+  monkeypatch.setattr(build, "warm_start", lambda e, ex: (None, "external", None, None))
   p, params = _pipeline(exp)
   other = models.init_params(p.cfg, jax.random.key(3))
   other["lm_head"] = other["lm_head"].at[:, TOK.eos_id].add(3.0)   # ends often, but not always, within 8

@@ -213,10 +213,10 @@ def test_full_mode_refuses_a_vocabulary_too_large(monkeypatch):
 
 
 def test_full_mode_is_refused_before_the_teacher_is_built(monkeypatch):
-  from rollouts_jax.training import loop
+  from rollouts_jax.training import build
   from tests.pipeline.test_stages import _exp, _pipeline
   built = []
-  monkeypatch.setattr(loop, "warm_start", lambda *a, **k: built.append(1) or (None, None, None, None))
+  monkeypatch.setattr(build, "warm_start", lambda *a, **k: built.append(1) or (None, None, None, None))
   exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, "distill": "esr_full",
                       "distill_window": 4})
   monkeypatch.setattr(pipeline_lib, "FULL_KL_MAX_BYTES", 1000)

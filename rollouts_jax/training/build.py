@@ -1,0 +1,118 @@
+"""From the experiment config to each stage, built once (DESIGN: the stage contracts).
+
+Launchers and `loop.train` build the task's examples, the initial policy, the sampler's and
+the evaluator's settings and the rollout pipeline here; nothing below these functions receives
+the whole experiment config. `training.loop` re-exports them (`loop.build_pipeline`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Sequence
+
+import jax
+
+from rollouts_jax import control, models, replay, rewards, sampling, tasks
+from rollouts_jax.training import pipeline as pipeline_lib
+from rollouts_jax.training.config import ExperimentConfig, parse_kwargs
+from rollouts_jax.training.evaluation import Evaluator, Prompter
+from rollouts_jax.training.pipeline import RolloutPipeline
+from rollouts_jax.training.policy import load_policy as _load_policy, prompt_instruction, warm_start as _warm_start
+
+log = logging.getLogger(__name__)
+
+__all__ = ["load_task", "load_policy", "warm_start", "sampling_config", "prompter", "evaluator", "evaluate",
+           "build_pipeline"]
+
+
+def load_task(exp: ExperimentConfig) -> tuple[Sequence[dict], Sequence[dict]]:
+  """(train, test) examples of the configured task."""
+  train, test, from_test = tasks.get(exp.data.task).load(exp.data)
+  if from_test:
+    log.warning("%s has no train split: training prompts come from its test split (test-time RL).", exp.data.task)
+  return train, test
+
+
+def load_policy(exp: ExperimentConfig, train_examples, log_fn=None):
+  """(cfg, params, tokenizer) of the configured initial policy."""
+  return _load_policy(tasks.get(exp.data.task), train_examples, data=exp.data, tok=exp.tokenizer, m=exp.model,
+                      sft=exp.sft, seed=exp.seed, log_fn=log_fn)
+
+
+def warm_start(exp: ExperimentConfig, train_examples, log_fn=None):
+  """(cfg, params, tokenizer, folder) of the SFT warm start, built unless cached."""
+  return _warm_start(tasks.get(exp.data.task), train_examples, data=exp.data, tok=exp.tokenizer, m=exp.model,
+                     sft=exp.sft, seed=exp.seed, log_fn=log_fn)
+
+
+def sampling_config(exp: ExperimentConfig, tokenizer) -> sampling.SamplingConfig:
+  ro = exp.rollout
+  return sampling.SamplingConfig(num_samples=ro.num_samples, max_new_tokens=ro.max_new_tokens,
+                                 temperature=ro.temperature, top_k=ro.top_k, top_p=ro.top_p,
+                                 eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, sample_chunk=ro.sample_chunk)
+
+
+def prompter(exp: ExperimentConfig, tokenizer) -> Prompter:
+  task = tasks.get(exp.data.task)
+  return Prompter(task, tokenizer, exp.data.template, prompt_instruction(task, exp.tokenizer), exp.data.max_prompt_len)
+
+
+def evaluator(exp: ExperimentConfig, cfg, tokenizer) -> Evaluator:
+  conf = sampling_config(exp, tokenizer).replace(temperature=exp.eval.temperature)
+  return Evaluator(cfg, prompter(exp, tokenizer), conf, k=exp.eval.k, batch_size=exp.eval.batch_size,
+                   num_workers=exp.reward.num_workers, timeout_s=exp.reward.timeout_s)
+
+
+def evaluate(exp: ExperimentConfig, cfg, params, tokenizer, examples, *, key=None, greedy: bool = True):
+  """pass@1, pass@k (unbiased), maj@k and greedy accuracy on `examples`."""
+  return evaluator(exp, cfg, tokenizer)(params, examples, jax.random.key(exp.seed + 1) if key is None else key,
+                                        greedy=greedy)
+
+
+def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> RolloutPipeline:
+  """Each stage once, from its own config section."""
+  task, rw, c, rp = tasks.get(exp.data.task), exp.reward, exp.control, exp.replay
+  scorer = rewards.build_scorer(rw.name, task, timeout_s=rw.timeout_s, num_workers=rw.num_workers,
+                                dare_alpha=rw.dare_alpha, dare_tau=rw.dare_tau)
+  selector = control.build(c.name, num_prompts=len(train_examples), num_samples=exp.rollout.num_samples,
+                           seed=exp.seed, **parse_kwargs(c.kwargs, "control.kwargs"))
+  pipe = RolloutPipeline(
+      cfg=cfg, prompter=prompter(exp, tokenizer), examples=train_examples,
+      sampling_config=sampling_config(exp, tokenizer), scorer=scorer, selector=selector,
+      batch_size=c.prompts_per_step, dynamic_sampling=c.dynamic_sampling, max_refills=c.max_refills,
+      fp4=exp.rollout.fp4, fp4_pool_size=exp.rollout.fp4_pool_size, subset=c.subset,
+      max_staleness=rp.max_staleness, clusters=rw.clusters if exp.rl.advantage.startswith("uniqueness") else None,
+      needs_seq_logprobs=exp.rl.advantage == "xrpo", ref_samples=rw.ref_samples, ref_refresh=rw.ref_refresh,
+      overlong_buffer=rw.overlong_buffer, max_failure_frac=rw.max_failure_frac, seed=exp.seed)
+  factory = replay.get(rp.name)
+  if factory is not None:
+    pipe.buffer = factory(rp.capacity, pipe.buffer_example(), max_staleness=rp.max_staleness)
+  if c.prune:  # ARRoL
+    pipe.prune, pipe.prune_oversample, pipe.prune_at = c.prune, c.prune_oversample, c.prune_at
+    pipe.prune_target, pipe.prune_min_examples = c.prune_target, c.prune_min_examples
+  ro = exp.rollout
+  if ro.distill.endswith("_full"):   # before any teacher is built (the teacher shares the student's vocabulary)
+    pipeline_lib.check_full_kl_bytes(ro.distill, c.prompts_per_step * ro.num_samples * ro.max_new_tokens,
+                                     cfg.vocab_size)
+  if ro.external_samples or ro.distill:  # ERILS / distillation: a local checkpoint or a longer-trained warm start
+    if ro.teacher_path:
+      pipe.teacher_cfg, pipe.teacher_params = models.load_hf_checkpoint(ro.teacher_path,
+                                                                        dtype=jax.numpy.dtype(exp.model.dtype))
+      if pipe.teacher_cfg.vocab_size != cfg.vocab_size:
+        raise ValueError(f"rollout.teacher_path={ro.teacher_path!r}: the teacher's vocabulary "
+                         f"({pipe.teacher_cfg.vocab_size}) is not the student's ({cfg.vocab_size}).")
+    else:
+      teacher = dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=ro.teacher_sft_steps))
+      pipe.teacher_cfg, pipe.teacher_params, _, _ = warm_start(teacher, train_examples)
+    pipe.external_samples, pipe.distill, pipe.distill_window = ro.external_samples, ro.distill, ro.distill_window
+    pipe.adwin = (ro.adwin_every, ro.adwin_gamma, ro.adwin_tau)
+  if exp.rollout.generator == "tree":  # tree rollouts (ECHO / TreeRL)
+    pipe.tree = sampling.TreeConfig(**parse_kwargs(exp.rollout.tree_kwargs, "rollout.tree_kwargs"))
+  if exp.rollout.speculative:  # SPEC-RL
+    pipe.speculative, pipe.spec_lenience = exp.rollout.speculative, exp.rollout.spec_lenience
+  if exp.rollout.partial_rollouts:  # APRIL
+    pipe.partial_requests = math.ceil(c.prompts_per_step * (1 + exp.rollout.over_provision))
+    pipe.partial = replay.partial_rollouts(pipe.partial_requests, pipe.buffer_example())
+  return pipe

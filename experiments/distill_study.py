@@ -313,8 +313,9 @@ def verdict(table: dict, *, token_fraction: float = 0.5) -> dict[str, Any]:
     else:
       gain, gain_se = after - before, math.sqrt(after_se ** 2 + before_se ** 2)
       ok = closed >= 0.5 and gain > 2 * gain_se and gain > 0
+      spread = f"se {gain_se:.3f}" if len(table[ref].get("seeds", ())) > 1 else "one seed: no standard error"
       approaches = (ok, f"{name} closes {closed:.0%} of the pass@1 gap to the teacher (gain {gain:+.3f}, "
-                        f"se {gain_se:.3f})")
+                        f"{spread})")
     if ref == "opd":
       out["approaches"] = approaches
     elif after is not None:

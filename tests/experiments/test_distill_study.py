@@ -118,6 +118,9 @@ def test_verdict_holds_only_for_arms_that_match_opd_at_a_fraction_of_its_tokens(
   stalled = [_result("opd", s, a, 20000) for s, a in enumerate((0.50, 0.52, 0.48))]
   assert ds.verdict(ds.aggregate(stalled))["approaches"][0] is False   # 10 % of the gap
   assert ds.verdict(ds.aggregate([_result("esr", 0, 0.8, 10)]))["approaches"][0] is None   # no OPD run
+  assert "se 0.0" in v["approaches"][1]   # three seeds: the gain's standard error
+  one = ds.verdict(ds.aggregate([_result("opd", 0, 0.8, 20000)]))["approaches"][1]
+  assert "one seed: no standard error" in one and "se 0.000" not in one
 
 
 def test_outputs_are_written_and_the_table_names_every_arm(tmp_path):

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
@@ -288,7 +288,8 @@ def verdict(table: dict, *, token_fraction: float = 0.5) -> dict[str, Any]:
     pass@1 (mean over seeds), with a gain above two standard errors (above 0 with one seed).
   fraction[arm] for ESR / ADWIN arms: held when the arm ends within two standard errors
     (at least 0.02) of OPD's final pass@1 or above it, having generated at most
-    `token_fraction` of OPD's tokens.
+    `token_fraction` of OPD's tokens; None (not judged) when it would hold but OPD's own gain
+    is not above two standard errors (matching a reference that did not learn shows nothing).
   approaches_by[ref]: the same rule for every full-rollout arm of `FAMILIES` that ran (the
     single-sample "opd" one is `approaches`); the fraction of a windowed arm of another loss
     is taken against its own family's full-rollout arm (`REFERENCE`).
@@ -306,13 +307,15 @@ def verdict(table: dict, *, token_fraction: float = 0.5) -> dict[str, Any]:
     closed, _ = _mean(table, ref, "gap closed (pass@1)")
     before, before_se = _mean(table, ref, "pass@1 before")
     after, after_se = _mean(table, ref, "pass@1 after")
+    learned = False
     if after is None:
       approaches = (None, f"{name} has not run")
     elif closed is None:
       approaches = (None, "the teacher is not better than the student on held-out pass@1: no gap to close")
     else:
       gain, gain_se = after - before, math.sqrt(after_se ** 2 + before_se ** 2)
-      ok = closed >= 0.5 and gain > 2 * gain_se and gain > 0
+      learned = gain > 2 * gain_se and gain > 0
+      ok = closed >= 0.5 and learned
       spread = f"se {gain_se:.3f}" if len(table[ref].get("seeds", ())) > 1 else "one seed: no standard error"
       approaches = (ok, f"{name} closes {closed:.0%} of the pass@1 gap to the teacher (gain {gain:+.3f}, "
                         f"{spread})")
@@ -329,8 +332,11 @@ def verdict(table: dict, *, token_fraction: float = 0.5) -> dict[str, Any]:
       frac = tok / ref_tok
       tol = max(2 * math.sqrt(a_se ** 2 + after_se ** 2), 0.02)
       ok = a >= after - tol and frac <= token_fraction
-      out["fraction"][arm] = (ok, f"{LABELS[arm]} ends at pass@1 {a:.3f} vs {name} {after:.3f} (tolerance "
-                                  f"{tol:.3f}) with {frac:.0%} of {name}'s generated tokens")
+      why = (f"{LABELS[arm]} ends at pass@1 {a:.3f} vs {name} {after:.3f} (tolerance {tol:.3f}) with {frac:.0%} "
+             f"of {name}'s generated tokens")
+      if not learned and ok:   # matching a reference that learned nothing shows nothing
+        ok, why = None, why + f"; not judged: {name} itself gained nothing measurable"
+      out["fraction"][arm] = (ok, why)
   return out
 
 
@@ -376,16 +382,18 @@ def markdown(doc: dict) -> str:
     ks = [k for k in errors["start"] if k.isdigit()]
     lines += [f"Where the greedy answers go wrong ({errors['start']['prompts']} held-out prompts, seed 0's final "
               "policy of each arm): a wrong answer's position is where its completion first leaves the worked "
-              "reference solution.", "",
-              "| policy | wrong | median position | " + " | ".join(f"within first {k}" for k in ks) + " |",
-              "|---|---|---|" + "---|" * len(ks)]
+              "reference solution; `shared` counts the wrong answers on prompts the teacher also gets wrong.", "",
+              "| policy | wrong | shared with the teacher | median position | "
+              + " | ".join(f"within first {k}" for k in ks) + " |", "|---|---|---|---|" + "---|" * len(ks)]
+    names = {"start": "student (start)", "teacher": "teacher"}
     for name, e in errors.items():
       cells = " | ".join("n/a" if e[k] is None else f"{e[k]:.0%}" for k in ks)
-      lines.append(f"| {'student (start)' if name == 'start' else LABELS.get(name, name)} | {e['wrong']} | "
+      lines.append(f"| {names.get(name, LABELS.get(name, name))} | {e['wrong']} | {e.get('shared', 'n/a')} | "
                    f"{e['median_position']} | {cells} |")
     lines.append("")
   ok, why = v["approaches"]
-  lines += [f"Student approaches the teacher: **{_word(ok)}**. {why}.", ""]
+  if ok is not None or not v.get("approaches_by"):   # the sampled-OPD line, unless only other losses ran
+    lines += [f"Student approaches the teacher: **{_word(ok)}**. {why}.", ""]
   for ref, (ok, why) in (v.get("approaches_by") or {}).items():
     lines += [f"Student approaches the teacher ({LABELS[ref]}): **{_word(ok)}**. {why}.", ""]
   for arm, (ok, why) in v["fraction"].items():
@@ -460,12 +468,12 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
 
 
 SETUP = ("{task}, a 0.6M-parameter character "
-         "model. Student: the 275-step SFT warm start; teacher: the same recipe trained {teacher} steps. "
+         "model. Student: the {student}-step SFT warm start; teacher: the same recipe trained {teacher} steps. "
          "160 RL steps of 8 prompts x 8 samples (lr 1.5e-4, one update per step); a token's advantage is "
          "log p_teacher - log p_student on the student's own sample (single-sample reverse KL, no baseline). "
          "ESR generates and trains only the first k tokens; ADWIN starts at k=12 and every 5 steps re-sizes it "
          "from a full-rollout probe of the same prompts (x1.25 when the prefix's per-sequence signal has cosine "
-         "< 0.9 with the full rollout's, else x0.75, in [4, 40]). GRPO on the task's reward is the "
+         "< 0.9 with the full rollout's, else x0.75, in [4, {max_new}]). GRPO on the task's reward is the "
          "reward-based reference. Every seed starts from seed 0's student and distils from seed 0's teacher. "
          "Arms marked full KL keep the same rollouts (and windows) but train with the exact reverse KL over the "
          "vocabulary at every completion position, sum_v p_s(v) (log p_s(v) - log p_t(v)), through the student's "
@@ -474,8 +482,9 @@ SETUP = ("{task}, a 0.6M-parameter character "
 RULE = ("the student approaches the teacher when full-rollout OPD closes at least half of the held-out pass@1 "
         "gap with a gain above two standard errors; ESR / ADWIN reach it at a fraction of the tokens when they "
         "end within two standard errors (at least 0.02) of OPD's final pass@1, or above, having generated at "
-        "most half of OPD's tokens (probes included); a windowed arm of another loss or step size is judged "
-        "against the full-rollout OPD arm of that loss and step size.")
+        "most half of OPD's tokens (probes included), and not judged (inconclusive) when OPD's own gain is not "
+        "above two standard errors; a windowed arm of another loss or step size is judged against the "
+        "full-rollout OPD arm of that loss and step size.")
 
 
 def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap: dict, student_steps: int,
@@ -486,8 +495,9 @@ def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap
   table = aggregate(results)
   v = verdict(table)
   teacher = teacher_gap.get(str(teacher_steps), {})
-  doc = {"setup": SETUP.format(task=TASK_TEXT[TASK], teacher=teacher_steps), "task": TASK, "rule": RULE,
-         "smoke": smoke,
+  max_new = _exp("opd", smoke).rollout.max_new_tokens
+  doc = {"setup": SETUP.format(task=TASK_TEXT[TASK], student=student_steps, teacher=teacher_steps, max_new=max_new),
+         "task": TASK, "rule": RULE, "smoke": smoke,
          "student_sft_steps": student_steps, "teacher_sft_steps": teacher_steps,
          "teacher_pass@1": teacher.get("eval/pass@1"), "teacher_greedy": teacher.get("eval/greedy_accuracy"),
          "teacher_gap": teacher_gap, "planned_seeds": planned_seeds, "verdict": v, "not_run": list(missing),
@@ -629,37 +639,42 @@ def first_divergence(text: str, reference: str) -> int:
   return next((i for i in range(n) if text[i] != reference[i]), n)
 
 
-def error_summary(positions: Sequence[int], total: int, windows: Sequence[int]) -> dict[str, Any]:
-  """How many greedy answers were wrong and where they first left the reference solution.
+def error_summary(wrong: dict[int, int], total: int, windows: Sequence[int],
+                  teacher_wrong: Collection[int] = ()) -> dict[str, Any]:
+  """How many greedy answers were wrong, where they first left the reference, how many the teacher shares.
 
   Args:
-    positions: the first-divergence position of each wrong answer.
+    wrong: {prompt index: first-divergence position} of each wrong answer.
     total: how many prompts were decoded.
     windows: the k's: the share of wrong answers that left the reference inside the first k tokens.
+    teacher_wrong: the prompts the teacher answers wrongly ("shared": how many of `wrong` it does).
 
-  >>> error_summary([8, 9, 30], 10, [12])
-  {'prompts': 10, 'wrong': 3, 'median_position': 9, '12': 0.6666666666666666}
+  >>> error_summary({0: 8, 3: 9, 5: 30}, 10, [12], teacher_wrong=[3, 4])
+  {'prompts': 10, 'wrong': 3, 'median_position': 9, 'shared': 1, '12': 0.6666666666666666}
   """
-  pos = sorted(int(p) for p in positions)
+  pos = sorted(int(p) for p in wrong.values())
   out: dict[str, Any] = {"prompts": int(total), "wrong": len(pos),
-                         "median_position": pos[len(pos) // 2] if pos else None}
+                         "median_position": pos[len(pos) // 2] if pos else None,
+                         "shared": len(set(wrong) & set(teacher_wrong))}
   out.update({str(k): (sum(p < k for p in pos) / len(pos)) if pos else None for k in windows})
   return out
 
 
 def error_positions(runs: Sequence[tuple[str, pathlib.Path]], *, num_prompts: int = 200,
                     windows: Sequence[int] = (12, 24), smoke: bool = False) -> dict[str, dict[str, Any]]:
-  """Where the greedy answers of the warm start and of each run's final policy first go wrong.
+  """Where the greedy answers of the teacher, the warm start and each run's final policy go wrong.
 
   Each policy decodes the held-out prompts greedily; a wrong answer's (one whose <answer> is not
-  the reference's) position is where its completion first leaves the worked reference solution. Tells whether a window of k tokens
-  covers the student's mistakes, and whether training inside a window moved them later.
+  the reference's) position is where its completion first leaves the worked reference solution.
+  Tells whether a window of k tokens covers the student's mistakes, whether the teacher makes
+  the same ones (then the window carries no correction for them), and whether training inside
+  a window moved the mistakes later.
 
   Args:
     runs: (name, finished workdir) pairs.
 
   Returns:
-    {"start": summary, name: summary, ...} (see `error_summary`).
+    {"teacher": summary, "start": summary, name: summary, ...} (see `error_summary`).
   """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -669,26 +684,29 @@ def error_positions(runs: Sequence[tuple[str, pathlib.Path]], *, num_prompts: in
   exp = _exp("opd", smoke)
   train, test = loop.load_task(exp)
   cfg, start, tokenizer, _ = loop.warm_start(exp, train)
+  _, teacher, _, _ = loop.warm_start(
+      dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=exp.rollout.teacher_sft_steps)), train)
   examples = list(test[:num_prompts])
   conf = loop.sampling_config(exp, tokenizer).replace(temperature=0.0, num_samples=1)
   prompt = loop.prompter(exp, tokenizer)
 
-  def summarize(params):
-    positions = []
+  def mistakes(params) -> dict[int, int]:
+    wrong = {}
     for lo in range(0, len(examples), exp.eval.batch_size):
       chunk = examples[lo:lo + exp.eval.batch_size]
       ids, mask = prompt(chunk)
       out = jax.device_get(sampling.sample(cfg, params, ids, mask, jax.random.key(0), conf))
-      texts = evaluation.decode_completions(tokenizer, np.asarray(out.completion_ids), np.asarray(out.completion_mask))
-      for ex, (text,) in zip(chunk, texts):
+      texts = evaluation.decode_completions(tokenizer, np.asarray(out.completion_ids),
+                                            np.asarray(out.completion_mask))
+      for i, (ex, (text,)) in enumerate(zip(chunk, texts)):
         if formatting.parse_answer(text) != ex["answer"]:
-          positions.append(first_divergence(text, ex["solution"]))
-    return error_summary(positions, len(examples), windows)
+          wrong[lo + i] = first_divergence(text, ex["solution"])
+    return wrong
 
-  out = {"start": summarize(start)}
-  for name, workdir in runs:
-    out[name] = summarize(loop.latest_params(exp, workdir, start))
-  return out
+  by_teacher = mistakes(teacher)
+  policies = [("teacher", by_teacher), ("start", mistakes(start))]
+  policies += [(name, mistakes(loop.latest_params(exp, workdir, start))) for name, workdir in runs]
+  return {name: error_summary(wrong, len(examples), windows, by_teacher) for name, wrong in policies}
 
 
 def warm_start_overrides(runs_dir: pathlib.Path, smoke: bool, teacher_steps: int) -> list[str]:

@@ -119,6 +119,10 @@ def test_verdict_holds_only_for_arms_that_match_opd_at_a_fraction_of_its_tokens(
   assert ds.verdict(ds.aggregate(stalled))["approaches"][0] is False   # 10 % of the gap
   assert ds.verdict(ds.aggregate([_result("esr", 0, 0.8, 10)]))["approaches"][0] is None   # no OPD run
   assert "se 0.0" in v["approaches"][1]   # three seeds: the gain's standard error
+  flat = [_result("opd", s, a, 20000) for s, a in enumerate((0.44, 0.46, 0.45))]          # OPD learned nothing
+  flat += [_result("esr", s, a, 6000) for s, a in enumerate((0.45, 0.44, 0.46))]
+  ok, why = ds.verdict(ds.aggregate(flat))["fraction"]["esr"]
+  assert ok is None and "not judged" in why
   one = ds.verdict(ds.aggregate([_result("opd", 0, 0.8, 20000)]))["approaches"][1]
   assert "one seed: no standard error" in one and "se 0.000" not in one
 
@@ -168,20 +172,21 @@ def test_first_divergence_and_error_summary_place_mistakes_against_the_windows()
   assert ds.first_divergence("7+9+0=15\n", ref) == 7              # a wrong digit
   assert ds.first_divergence("7+9+0=16\n4+8", ref) == 12          # stopped early: where it ran out
   assert ds.first_divergence(ref.replace("136", "146"), ref) == ref.index("136") + 1
-  out = ds.error_summary([7, 30, 12, 11], 20, [12, 24])
-  assert out == {"prompts": 20, "wrong": 4, "median_position": 12, "12": 0.5, "24": 0.75}
-  assert ds.error_summary([], 20, [12]) == {"prompts": 20, "wrong": 0, "median_position": None, "12": None}
+  out = ds.error_summary({0: 7, 1: 30, 4: 12, 9: 11}, 20, [12, 24], teacher_wrong={1, 4, 5})
+  assert out == {"prompts": 20, "wrong": 4, "median_position": 12, "shared": 2, "12": 0.5, "24": 0.75}
+  assert ds.error_summary({}, 20, [12]) == {"prompts": 20, "wrong": 0, "median_position": None, "shared": 0,
+                                            "12": None}
 
 
 def test_the_report_tabulates_where_each_policy_goes_wrong(tmp_path):
-  errors = {"start": ds.error_summary([8, 8, 30], 200, [12, 24]),
-            "esr": ds.error_summary([9, 26, 27, 40], 200, [12, 24])}
+  errors = {"start": ds.error_summary({0: 8, 1: 8, 2: 30}, 200, [12, 24], teacher_wrong={0}),
+            "esr": ds.error_summary({0: 9, 3: 26, 4: 27, 5: 40}, 200, [12, 24], teacher_wrong={0})}
   doc = ds.write_outputs([_result("opd", 0, 0.8, 20000)], tmp_path, teacher_gap={}, student_steps=275,
                          teacher_steps=400, planned_seeds=1, plot=False, errors=errors)
   assert doc["error_positions"] == errors
   md = (tmp_path / "distill.md").read_text()
-  assert "| student (start) | 3 | 8 | 67% | 67% |" in md
-  assert f"| {ds.LABELS['esr']} | 4 | 27 | 25% | 25% |" in md
+  assert "| student (start) | 3 | 1 | 8 | 67% | 67% |" in md
+  assert f"| {ds.LABELS['esr']} | 4 | 1 | 27 | 25% | 25% |" in md
 
 
 def test_the_multiplication_variant_of_the_arms(monkeypatch):

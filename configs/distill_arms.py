@@ -24,7 +24,8 @@ step (6e-4): a supervised-like loss can. With `_fwd` in place of `_full` (`opd_f
 (`rl.distill_kl="forward"`, a cross-entropy to the teacher's soft targets, whose gradient in the
 logits is bounded). `_lr3` takes twice the step (3e-4); `opd_full_long` runs 320 RL steps
 instead of 160 (the cosine schedule stretched over them), `opd_full_lr3_long` both, and
-`opd_lr3_long` is the single-sample control of the latter.
+`opd_lr3_long` is the single-sample control of the latter; `esr_full_lr3_long` and
+`esr16_full_lr3_long` are ESR with a 12- and a 16-token window on those settings.
 
 With `,mul` the task is multiplication instead (`data.ops="*"`, operands of 1-2 digits: a worked
 partial product per digit of the multiplier, then their sums; 8,000 training problems, 500 held
@@ -45,7 +46,8 @@ from rollouts_jax.training.config import load_config_file, parse_config_arg
 ARMS = ("opd", "opd_lr3", "esr", "esr16", "esr24", "adwin", "grpo", "opd_full", "esr_full", "esr24_full", "adwin_full",
         "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "esr24_fwd", "adwin_fwd",
         "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr16_full_lr3",
-        "esr24_full_lr3", "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long")
+        "esr24_full_lr3", "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long",
+        "esr_full_lr3_long", "esr16_full_lr3_long")
 # An arm is its rollouts (opd, esr, esr16, esr24, adwin; grpo: no teacher) and modifiers: full (the
 # full-vocabulary reverse KL), fwd (the forward one), lr3 / lr6 (learning rate 3e-4 / 6e-4), long
 # (320 RL steps).

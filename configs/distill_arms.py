@@ -43,8 +43,8 @@ import os
 
 from rollouts_jax.training.config import load_config_file, parse_config_arg
 
-ARMS = ("opd", "opd_lr3", "esr", "esr16", "esr24", "adwin", "grpo", "opd_full", "esr_full", "esr24_full", "adwin_full",
-        "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "esr24_fwd", "adwin_fwd",
+ARMS = ("opd", "opd_lr3", "esr", "esr16", "esr24", "adwin", "grpo", "opd_full", "esr_full", "esr24_full",
+        "adwin_full", "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "esr24_fwd", "adwin_fwd",
         "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr16_full_lr3",
         "esr24_full_lr3", "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long",
         "esr_full_lr3_long", "esr16_full_lr3_long")
@@ -60,7 +60,7 @@ WINDOWS = {"esr16": 16, "esr24": 24}           # ESR's k (12 for esr and ADWIN's
 def get_config(arg=None):
   words = parse_config_arg(arg, ARMS + ("smoke", "mul"))
   smoke, task = "smoke" in words, "mul" if "mul" in words else "add"
-  arms = [w for w in words if w not in ("smoke", "mul")] or (["opd"] if smoke else [])   # `smoke`: the OPD arm
+  arms = [w for w in words if w not in ("smoke", "mul")] or (["opd"] if smoke else [])   # `smoke`: OPD's
   if len(arms) != 1 or arms[0] not in ARMS:
     raise ValueError(f"distill_arms.py needs one arm of {ARMS} (and optionally 'mul', 'smoke'), got {arg!r}.")
   arm, *mods = arms[0].split("_")
@@ -70,8 +70,8 @@ def get_config(arg=None):
     config.data.ops, config.data.difficulty = "*", 2
     if not smoke:
       config.data.num_train, config.data.num_test, config.rollout.max_new_tokens = 8000, 500, 56
-      config.sft.steps = STUDENT_SFT_STEPS["mul"]
   if not smoke:
+    config.sft.steps = STUDENT_SFT_STEPS[task]
     config.rl.steps = 320 if "long" in mods else 160
   for m in mods:
     if m in LEARNING_RATES:

@@ -663,7 +663,7 @@ def error_summary(wrong: dict[int, int], total: int, windows: Sequence[int],
   return out
 
 
-def error_positions(runs: Sequence[tuple[str, pathlib.Path]], *, num_prompts: int = 200,
+def error_positions(runs: Sequence[tuple[str, pathlib.Path]], teacher_steps: int, *, num_prompts: int = 200,
                     windows: Sequence[int] = (12, 24), smoke: bool = False) -> dict[str, dict[str, Any]]:
   """Where the greedy answers of the teacher, the warm start and each run's final policy go wrong.
 
@@ -675,6 +675,7 @@ def error_positions(runs: Sequence[tuple[str, pathlib.Path]], *, num_prompts: in
 
   Args:
     runs: (name, finished workdir) pairs.
+    teacher_steps: the teacher's SFT steps (its warm start is built unless cached).
 
   Returns:
     {"teacher": summary, "start": summary, name: summary, ...} (see `error_summary`).
@@ -688,7 +689,7 @@ def error_positions(runs: Sequence[tuple[str, pathlib.Path]], *, num_prompts: in
   train, test = loop.load_task(exp)
   cfg, start, tokenizer, _ = loop.warm_start(exp, train)
   _, teacher, _, _ = loop.warm_start(
-      dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=exp.rollout.teacher_sft_steps)), train)
+      dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=teacher_steps)), train)
   examples = list(test[:num_prompts])
   conf = loop.sampling_config(exp, tokenizer).replace(temperature=0.0, num_samples=1)
   prompt = loop.prompter(exp, tokenizer)
@@ -814,7 +815,7 @@ def main(argv=None):
   if args.error_positions:
     done = [(a, runs_dir / a / "seed0") for a in ARMS if a in args.arms.split(",")
             if (runs_dir / a / "seed0" / "result.json").exists()]
-    errors_file.write_text(json.dumps(error_positions(done, smoke=args.smoke), indent=1))
+    errors_file.write_text(json.dumps(error_positions(done, teacher_steps, smoke=args.smoke), indent=1))
     return
   errors = json.loads(errors_file.read_text()) if errors_file.exists() else None
   if str(teacher_steps) not in gap:

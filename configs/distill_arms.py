@@ -25,7 +25,8 @@ step (6e-4): a supervised-like loss can. With `_fwd` in place of `_full` (`opd_f
 logits is bounded). `_lr3` takes twice the step (3e-4); `opd_full_long` runs 320 RL steps
 instead of 160 (the cosine schedule stretched over them), `opd_full_lr3_long` both, and
 `opd_lr3_long` is the single-sample control of the latter; `esr_full_lr3_long` and
-`esr16_full_lr3_long` are ESR with a 12- and a 16-token window on those settings.
+`esr16_full_lr3_long` are ESR with a 12- and a 16-token window on those settings; `_lr10` takes
+a step of 1e-3 (`opd_full_lr10`, `esr_full_lr10`, `esr16_full_lr10`).
 
 With `,mul` the task is multiplication instead (`data.ops="*"`, operands of 1-2 digits: a worked
 partial product per digit of the multiplier, then their sums; 8,000 training problems, 500 held
@@ -47,11 +48,11 @@ ARMS = ("opd", "opd_lr3", "esr", "esr16", "esr24", "adwin", "grpo", "opd_full", 
         "adwin_full", "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "esr24_fwd", "adwin_fwd",
         "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr16_full_lr3",
         "esr24_full_lr3", "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long",
-        "esr_full_lr3_long", "esr16_full_lr3_long")
+        "esr_full_lr3_long", "esr16_full_lr3_long", "opd_full_lr10", "esr_full_lr10", "esr16_full_lr10")
 # An arm is its rollouts (opd, esr, esr16, esr24, adwin; grpo: no teacher) and modifiers: full (the
-# full-vocabulary reverse KL), fwd (the forward one), lr3 / lr6 (learning rate 3e-4 / 6e-4), long
+# full-vocabulary reverse KL), fwd (the forward one), lr3 / lr6 / lr10 (learning rate 3e-4 / 6e-4 / 1e-3), long
 # (320 RL steps).
-LEARNING_RATES = {"lr3": 3e-4, "lr6": 6e-4}
+LEARNING_RATES = {"lr3": 3e-4, "lr6": 6e-4, "lr10": 1e-3}
 STUDENT_SFT_STEPS = {"add": 275, "mul": 450}   # per task (add: the default config's warm start)
 TEACHER_SFT_STEPS = {"add": 400, "mul": 600}
 WINDOWS = {"esr16": 16, "esr24": 24}           # ESR's k (12 for esr and ADWIN's start)

@@ -49,7 +49,7 @@ ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24", "grpo", "opd_full", "esr_full
         "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "adwin_fwd", "esr24_fwd",
         "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr24_full_lr3",
         "adwin_full_lr3", "esr16_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long",
-        "esr_full_lr3_long", "esr16_full_lr3_long")
+        "esr_full_lr3_long", "esr16_full_lr3_long", "opd_full_lr10", "esr_full_lr10", "esr16_full_lr10")
 DISTILL_ARMS = tuple(a for a in ARMS if a != "grpo")
 LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k=12", "esr24": "ESR k=24", "adwin": "ADWIN (k0=12)",
           "grpo": "GRPO (task reward)", "opd_full": "OPD, full KL", "esr_full": "ESR k=12, full KL",
@@ -62,7 +62,8 @@ LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k
           "adwin_fwd_lr6": "ADWIN (k0=12), forward KL, lr 6e-4", "opd_full_lr3": "OPD, full KL, lr 3e-4",
           "esr_full_lr3": "ESR k=12, full KL, lr 3e-4", "esr24_full_lr3": "ESR k=24, full KL, lr 3e-4",
           "adwin_full_lr3": "ADWIN (k0=12), full KL, lr 3e-4", "esr16_full_lr3": "ESR k=16, full KL, lr 3e-4",
-          "esr_full_lr3_long": "ESR k=12, full KL, lr 3e-4, 320 steps",
+          "esr_full_lr3_long": "ESR k=12, full KL, lr 3e-4, 320 steps", "opd_full_lr10": "OPD, full KL, lr 1e-3",
+          "esr_full_lr10": "ESR k=12, full KL, lr 1e-3", "esr16_full_lr10": "ESR k=16, full KL, lr 1e-3",
           "esr16_full_lr3_long": "ESR k=16, full KL, lr 3e-4, 320 steps", "opd_full_long": "OPD, full KL, 320 steps",
           "opd_full_lr3_long": "OPD, full KL, lr 3e-4, 320 steps", "opd_lr3_long": "OPD, lr 3e-4, 320 steps"}
 
@@ -72,7 +73,8 @@ FAMILIES = {"opd": ("esr", "esr24", "adwin"), "opd_full": ("esr_full", "esr24_fu
             "opd_full_lr6": ("esr_full_lr6", "adwin_full_lr6"), "opd_fwd": ("esr_fwd", "esr24_fwd", "adwin_fwd"),
             "opd_fwd_lr6": ("esr_fwd_lr6", "adwin_fwd_lr6"),
             "opd_full_lr3": ("esr_full_lr3", "esr16_full_lr3", "esr24_full_lr3", "adwin_full_lr3"), "opd_full_long": (),
-            "opd_full_lr3_long": ("esr_full_lr3_long", "esr16_full_lr3_long"), "opd_lr3_long": ()}
+            "opd_full_lr3_long": ("esr_full_lr3_long", "esr16_full_lr3_long"), "opd_lr3_long": (),
+            "opd_full_lr10": ("esr_full_lr10", "esr16_full_lr10")}
 REFERENCE = {a: ref for ref, arms in FAMILIES.items() for a in arms}
 
 sys.path.insert(0, str(REPO / "experiments"))

@@ -197,6 +197,7 @@ def test_the_multiplication_variant_of_the_arms(monkeypatch):
   assert (add.data.ops, mul.data.ops, mul.data.difficulty) == ("+", "*", 2)
   assert (mul.rollout.distill, mul.rollout.distill_window, mul.rl.learning_rate) == ("esr_full", 16, 3e-4)
   assert (add.rollout.teacher_sft_steps, mul.rollout.teacher_sft_steps) == (400, 600)
+  assert (add.sft.steps, mul.sft.steps) == (275, 450)   # each task's student
   assert mul.rollout.max_new_tokens == 56 and mul.data.num_train == 8000
   assert config_lib.load_config_file(arms, "mul,smoke").data.ops == "*"   # the smoke form keeps the task
   monkeypatch.setattr(ds, "TASK", "mul")

@@ -669,8 +669,9 @@ def error_positions(runs: Sequence[tuple[str, pathlib.Path]], teacher_steps: int
                     windows: Sequence[int] = (12, 24), smoke: bool = False) -> dict[str, dict[str, Any]]:
   """Where the greedy answers of the teacher, the warm start and each run's final policy go wrong.
 
-  Each policy decodes the held-out prompts greedily; a wrong answer's (one whose <answer> is not
-  the reference's) position is where its completion first leaves the worked reference solution.
+  Each policy decodes the held-out prompts greedily; a wrong answer's (one the task's reward, the
+  evaluation's rule, scores below 1) position is where its completion first leaves the worked
+  reference solution.
   Tells whether a window of k tokens covers the student's mistakes, whether the teacher makes
   the same ones (then the window carries no correction for them), and whether training inside
   a window moved the mistakes later.
@@ -684,10 +685,10 @@ def error_positions(runs: Sequence[tuple[str, pathlib.Path]], teacher_steps: int
   """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from rollouts_jax import sampling  # pylint: disable=g-import-not-at-top
-  from rollouts_jax.data import formatting  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import sampling, tasks  # pylint: disable=g-import-not-at-top
   from rollouts_jax.training import evaluation, loop  # pylint: disable=g-import-not-at-top
   exp = _exp("opd", smoke)
+  task = tasks.get(exp.data.task)
   train, test = loop.load_task(exp)
   cfg, start, tokenizer, _ = loop.warm_start(exp, train)
   _, teacher, _, _ = loop.warm_start(
@@ -705,7 +706,7 @@ def error_positions(runs: Sequence[tuple[str, pathlib.Path]], teacher_steps: int
       texts = evaluation.decode_completions(tokenizer, np.asarray(out.completion_ids),
                                             np.asarray(out.completion_mask))
       for i, (ex, (text,)) in enumerate(zip(chunk, texts)):
-        if formatting.parse_answer(text) != ex["answer"]:
+        if task.reward(text, task.reference(ex)) < 1.0:
           wrong[lo + i] = first_divergence(text, ex["solution"])
     return wrong
 

@@ -48,26 +48,32 @@ ARMS = ("opd", "opd_lr3", "esr", "esr16", "esr24", "adwin", "grpo", "opd_full", 
         "adwin_full", "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "esr24_fwd", "adwin_fwd",
         "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr16_full_lr3",
         "esr24_full_lr3", "adwin_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long",
-        "esr_full_lr3_long", "esr16_full_lr3_long", "opd_full_lr10", "esr_full_lr10", "esr16_full_lr10")
+        "esr_full_lr3_long", "esr16_full_lr3_long", "opd_full_lr10", "esr_full_lr10", "esr16_full_lr10",
+        "esr16_full_long")
 # An arm is its rollouts (opd, esr, esr16, esr24, adwin; grpo: no teacher) and modifiers: full (the
 # full-vocabulary reverse KL), fwd (the forward one), lr3 / lr6 / lr10 (learning rate 3e-4 / 6e-4 / 1e-3), long
 # (320 RL steps).
 LEARNING_RATES = {"lr3": 3e-4, "lr6": 6e-4, "lr10": 1e-3}
-STUDENT_SFT_STEPS = {"add": 275, "mul": 450}   # per task (add: the default config's warm start)
-TEACHER_SFT_STEPS = {"add": 400, "mul": 600}
+STUDENT_SFT_STEPS = {"add": 275, "mul": 450, "mul_strong": 800}   # per task (add: the default config's)
+TEACHER_SFT_STEPS = {"add": 400, "mul": 600, "mul_strong": 1200}
 WINDOWS = {"esr16": 16, "esr24": 24}           # ESR's k (12 for esr and ADWIN's start)
 
 
 def get_config(arg=None):
-  words = parse_config_arg(arg, ARMS + ("smoke", "mul"))
+  words = parse_config_arg(arg, ARMS + ("smoke", "mul", "strong"))
   smoke, task = "smoke" in words, "mul" if "mul" in words else "add"
-  arms = [w for w in words if w not in ("smoke", "mul")] or (["opd"] if smoke else [])   # `smoke`: OPD's
+  if "strong" in words:
+    if task != "mul":
+      raise ValueError(f"distill_arms.py: 'strong' is a variant of 'mul' (write 'ARM,mul,strong'), got {arg!r}.")
+    task = "mul_strong"
+  arms = [w for w in words if w not in ("smoke", "mul", "strong")] or (["opd"] if smoke else [])   # smoke: OPD's
   if len(arms) != 1 or arms[0] not in ARMS:
-    raise ValueError(f"distill_arms.py needs one arm of {ARMS} (and optionally 'mul', 'smoke'), got {arg!r}.")
+    raise ValueError(f"distill_arms.py needs one arm of {ARMS} (and optionally 'mul', 'mul,strong', 'smoke'), "
+                     f"got {arg!r}.")
   arm, *mods = arms[0].split("_")
   config = load_config_file(os.path.join(os.path.dirname(__file__), "repro_base.py"), "smoke" if smoke else None)
   config.eval.every = 20 if not smoke else 0
-  if task == "mul":
+  if task.startswith("mul"):
     config.data.ops, config.data.difficulty = "*", 2
     if not smoke:
       config.data.num_train, config.data.num_test, config.rollout.max_new_tokens = 8000, 500, 56

@@ -1,6 +1,6 @@
 r"""On-policy distillation in miniature: does the student approach the teacher, and at what token cost?
 
-  python experiments/distill_study.py --gap --teacher_steps=400,600     # the teacher/student gap
+  python experiments/distill_study.py --gap --gap_steps=275,400,600     # warm starts' held-out accuracy
   python experiments/distill_study.py --seeds=3 --stop_at=13:15          # the sweep (resumable)
   python experiments/distill_study.py --report_only                      # tables from finished runs
 
@@ -38,18 +38,21 @@ from typing import Any, Callable, Collection, Sequence
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 CONFIG = "configs/distill_arms.py"
-# The task of the study (`--task`): "add" (the default arithmetic) or "mul" (`distill_arms.py`'s `mul`
-# variant); set once by `main`.
+# The task of the study (`--task`): "add" (the default arithmetic), "mul" (`distill_arms.py`'s `mul`
+# variant) or "mul_strong" (its `mul,strong`: a student and a teacher trained further); set once by `main`.
 TASK = "add"
 TASK_TEXT = {"add": "Arithmetic (3-digit addition, worked carries, answers up to 40 tokens)",
              "mul": "Arithmetic (multiplication of 1-2 digit numbers, a worked partial product per digit of the "
                     "multiplier and then their sums, answers up to 56 tokens)"}
+TASK_TEXT["mul_strong"] = TASK_TEXT["mul"]
+TASK_ARG = {"add": "", "mul": ",mul", "mul_strong": ",mul,strong"}   # the task's words of `distill_arms.py`
 # Priority order within a seed; "_full": the full-vocabulary reverse-KL loss on the same rollouts.
 ARMS = ("opd", "esr", "adwin", "opd_lr3", "esr24", "grpo", "opd_full", "esr_full", "adwin_full", "esr24_full",
         "opd_full_lr6", "esr_full_lr6", "adwin_full_lr6", "opd_fwd", "esr_fwd", "adwin_fwd", "esr24_fwd",
         "opd_fwd_lr6", "esr_fwd_lr6", "adwin_fwd_lr6", "opd_full_lr3", "esr_full_lr3", "esr24_full_lr3",
         "adwin_full_lr3", "esr16_full_lr3", "opd_full_long", "opd_full_lr3_long", "opd_lr3_long",
-        "esr_full_lr3_long", "esr16_full_lr3_long", "opd_full_lr10", "esr_full_lr10", "esr16_full_lr10")
+        "esr_full_lr3_long", "esr16_full_lr3_long", "opd_full_lr10", "esr_full_lr10", "esr16_full_lr10",
+        "esr16_full_long")
 DISTILL_ARMS = tuple(a for a in ARMS if a != "grpo")
 LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k=12", "esr24": "ESR k=24", "adwin": "ADWIN (k0=12)",
           "grpo": "GRPO (task reward)", "opd_full": "OPD, full KL", "esr_full": "ESR k=12, full KL",
@@ -65,6 +68,7 @@ LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k
           "esr_full_lr3_long": "ESR k=12, full KL, lr 3e-4, 320 steps", "opd_full_lr10": "OPD, full KL, lr 1e-3",
           "esr_full_lr10": "ESR k=12, full KL, lr 1e-3", "esr16_full_lr10": "ESR k=16, full KL, lr 1e-3",
           "esr16_full_lr3_long": "ESR k=16, full KL, lr 3e-4, 320 steps", "opd_full_long": "OPD, full KL, 320 steps",
+          "esr16_full_long": "ESR k=16, full KL, 320 steps",
           "opd_full_lr3_long": "OPD, full KL, lr 3e-4, 320 steps", "opd_lr3_long": "OPD, lr 3e-4, 320 steps"}
 
 # Each full-rollout reference and the windowed arms trained with the same loss and step size,
@@ -72,7 +76,8 @@ LABELS = {"opd": "OPD (full rollouts)", "opd_lr3": "OPD, lr 3e-4", "esr": "ESR k
 FAMILIES = {"opd": ("esr", "esr24", "adwin"), "opd_full": ("esr_full", "esr24_full", "adwin_full"),
             "opd_full_lr6": ("esr_full_lr6", "adwin_full_lr6"), "opd_fwd": ("esr_fwd", "esr24_fwd", "adwin_fwd"),
             "opd_fwd_lr6": ("esr_fwd_lr6", "adwin_fwd_lr6"),
-            "opd_full_lr3": ("esr_full_lr3", "esr16_full_lr3", "esr24_full_lr3", "adwin_full_lr3"), "opd_full_long": (),
+            "opd_full_lr3": ("esr_full_lr3", "esr16_full_lr3", "esr24_full_lr3", "adwin_full_lr3"),
+            "opd_full_long": ("esr16_full_long",),
             "opd_full_lr3_long": ("esr_full_lr3_long", "esr16_full_lr3_long"), "opd_lr3_long": (),
             "opd_full_lr10": ("esr_full_lr10", "esr16_full_lr10")}
 REFERENCE = {a: ref for ref, arms in FAMILIES.items() for a in arms}
@@ -525,7 +530,7 @@ def write_outputs(results: Sequence[dict], out_dir: pathlib.Path, *, teacher_gap
 
 def _config_arg(arm: str, smoke: bool) -> str:
   """The argument of `distill_arms.py` for an arm of this study's task."""
-  return arm + (",mul" if TASK == "mul" else "") + (",smoke" if smoke else "")
+  return arm + TASK_ARG[TASK] + (",smoke" if smoke else "")
 
 
 def _exp(arm: str, smoke: bool, overrides: Sequence[str] = ()):
@@ -775,13 +780,16 @@ def run_one(arm: str, seed: int, workdir: pathlib.Path, overrides: Sequence[str]
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--gap", action="store_true", help="measure the warm starts' held-out accuracy and exit")
-  parser.add_argument("--gap_steps", default="275,400,600", help="SFT steps measured by --gap")
-  parser.add_argument("--task", choices=("add", "mul"), default="add",
-                      help="add: the default arithmetic; mul: distill_arms.py's multiplication variant")
-  parser.add_argument("--teacher_steps", type=int, default=0, help="0: the task's (400 add, 600 mul)")
+  parser.add_argument("--gap_steps", default="",
+                      help="SFT steps measured by --gap (default: the task's student and teacher steps)")
+  parser.add_argument("--task", choices=tuple(TASK_ARG), default="add",
+                      help="add: the default arithmetic; mul: distill_arms.py's multiplication variant; "
+                           "mul_strong: its student and teacher trained further (mul,strong)")
+  parser.add_argument("--teacher_steps", type=int, default=0,
+                      help="0: the task's (400 add, 600 mul, 1200 mul_strong)")
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--arms", default=",".join(ARMS), help="arms to run (finished runs of the others are reported)")
-  parser.add_argument("--runs_dir", default=None, help="default: TMP/rollouts_distill160[_mul]")
+  parser.add_argument("--runs_dir", default=None, help="default: TMP/rollouts_distill160[_TASK]")
   parser.add_argument("--results_dir", default=str(RESULTS))
   parser.add_argument("--threads", type=int, default=1, help="CPU threads per training process (0: default)")
   parser.add_argument("--stop_at", default=None, help="HH:MM UTC after which no new run starts")
@@ -803,7 +811,8 @@ def main(argv=None):
   teacher_steps = (args.teacher_steps or _exp("opd", False).rollout.teacher_sft_steps) if not args.smoke else (
       _exp("opd", True).rollout.teacher_sft_steps)
   if args.gap or not gap:
-    steps = [int(s) for s in args.gap_steps.split(",")] if not args.smoke else [student_steps, teacher_steps]
+    steps = ([int(s) for s in args.gap_steps.split(",")] if args.gap_steps and not args.smoke
+             else [student_steps, teacher_steps])
     gap.update(measure_gap([s for s in steps if str(s) not in gap], smoke=args.smoke))
     runs_dir.mkdir(parents=True, exist_ok=True)
     gap_file.write_text(json.dumps(gap, indent=1))

@@ -205,3 +205,11 @@ def test_the_multiplication_variant_of_the_arms(monkeypatch):
   assert ds._exp("opd", False).data.ops == "*"
   with pytest.raises(ValueError, match="mul"):
     config_lib.load_config_file(arms, "opd,esr")
+  strong = config_lib.load_config_file(arms, "esr16_full_long,mul,strong")
+  assert (strong.data.ops, strong.sft.steps, strong.rollout.teacher_sft_steps) == ("*", 800, 1200)
+  assert (strong.rollout.distill_window, strong.rl.learning_rate, strong.rl.steps) == (16, 1.5e-4, 320)
+  with pytest.raises(ValueError, match="variant of 'mul'"):
+    config_lib.load_config_file(arms, "opd,strong")
+  monkeypatch.setattr(ds, "TASK", "mul_strong")
+  assert ds._config_arg("opd_full_long", False) == "opd_full_long,mul,strong"
+  assert ds.REFERENCE["esr16_full_long"] == "opd_full_long"

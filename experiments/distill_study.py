@@ -392,12 +392,14 @@ def markdown(doc: dict) -> str:
     ks = [k for k in errors["start"] if k.isdigit()]
     lines += [f"Where the greedy answers go wrong ({errors['start']['prompts']} held-out prompts, seed 0's final "
               "policy of each arm): a wrong answer's position is where its completion first leaves the worked "
-              "reference solution; `shared` counts the wrong answers on prompts the teacher also gets wrong.", "",
+              "reference solution; `shared` counts the wrong answers on prompts the teacher also gets wrong; "
+              "`in the answer` those whose worked lines all match the reference and which go wrong only in the "
+              "final <answer>.", "",
               "| policy | wrong | shared with the teacher | median position | "
-              + " | ".join(f"within first {k}" for k in ks) + " |", "|---|---|---|---|" + "---|" * len(ks)]
+              + " | ".join(f"within first {k}" for k in ks) + " | in the answer |", "|---|---|---|---|" + "---|" * (len(ks) + 1)]
     names = {"start": "student (start)", "teacher": "teacher"}
     for name, e in errors.items():
-      cells = " | ".join("n/a" if e[k] is None else f"{e[k]:.0%}" for k in ks)
+      cells = " | ".join("n/a" if x is None else f"{x:.0%}" for x in [e[k] for k in ks] + [e.get("in_answer")])
       lines.append(f"| {names.get(name, LABELS.get(name, name))} | {e['wrong']} | {e.get('shared', 'n/a')} | "
                    f"{e['median_position']} | {cells} |")
     lines.append("")
@@ -650,7 +652,7 @@ def first_divergence(text: str, reference: str) -> int:
 
 
 def error_summary(wrong: dict[int, int], total: int, windows: Sequence[int],
-                  teacher_wrong: Collection[int] = ()) -> dict[str, Any]:
+                  teacher_wrong: Collection[int] = (), answer_start: dict[int, int] | None = None) -> dict[str, Any]:
   """How many greedy answers were wrong, where they first left the reference, how many the teacher shares.
 
   Args:
@@ -658,15 +660,22 @@ def error_summary(wrong: dict[int, int], total: int, windows: Sequence[int],
     total: how many prompts were decoded.
     windows: the k's: the share of wrong answers that left the reference inside the first k tokens.
     teacher_wrong: the prompts the teacher answers wrongly ("shared": how many of `wrong` it does).
+    answer_start: {prompt index: where the reference's final answer (its `<answer>` tag) starts};
+      given, "in_answer" is the share of wrong answers whose worked lines all match the reference
+      and which first leave it inside the final answer.
 
   >>> error_summary({0: 8, 3: 9, 5: 30}, 10, [12], teacher_wrong=[3, 4])
   {'prompts': 10, 'wrong': 3, 'median_position': 9, 'shared': 1, '12': 0.6666666666666666}
+  >>> error_summary({0: 8, 5: 30}, 10, [12], answer_start={0: 25, 5: 25})["in_answer"]
+  0.5
   """
   pos = sorted(int(p) for p in wrong.values())
   out: dict[str, Any] = {"prompts": int(total), "wrong": len(pos),
                          "median_position": pos[len(pos) // 2] if pos else None,
                          "shared": len(set(wrong) & set(teacher_wrong))}
   out.update({str(k): (sum(p < k for p in pos) / len(pos)) if pos else None for k in windows})
+  if answer_start is not None:
+    out["in_answer"] = (sum(p >= answer_start[i] for i, p in wrong.items()) / len(wrong)) if wrong else None
   return out
 
 
@@ -718,7 +727,8 @@ def error_positions(runs: Sequence[tuple[str, pathlib.Path]], teacher_steps: int
   by_teacher = mistakes(teacher)
   policies = [("teacher", by_teacher), ("start", mistakes(start))]
   policies += [(name, mistakes(loop.latest_params(exp, workdir, start))) for name, workdir in runs]
-  return {name: error_summary(wrong, len(examples), windows, by_teacher) for name, wrong in policies}
+  answer_start = {i: ex["solution"].find("<answer>") for i, ex in enumerate(examples)}
+  return {name: error_summary(wrong, len(examples), windows, by_teacher, answer_start) for name, wrong in policies}
 
 
 def warm_start_overrides(runs_dir: pathlib.Path, smoke: bool, teacher_steps: int) -> list[str]:

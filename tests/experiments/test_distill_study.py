@@ -185,8 +185,13 @@ def test_the_report_tabulates_where_each_policy_goes_wrong(tmp_path):
                          teacher_steps=400, planned_seeds=1, plot=False, errors=errors)
   assert doc["error_positions"] == errors
   md = (tmp_path / "distill.md").read_text()
-  assert "| student (start) | 3 | 1 | 8 | 67% | 67% |" in md
-  assert f"| {ds.LABELS['esr']} | 4 | 1 | 27 | 25% | 25% |" in md
+  assert "| student (start) | 3 | 1 | 8 | 67% | 67% | n/a |" in md   # measured before `in_answer` existed
+  assert f"| {ds.LABELS['esr']} | 4 | 1 | 27 | 25% | 25% | n/a |" in md
+  errors["esr"] = ds.error_summary({0: 9, 3: 26, 4: 27, 5: 40}, 200, [12, 24], teacher_wrong={0},
+                                   answer_start={0: 24, 3: 24, 4: 30, 5: 30})
+  ds.write_outputs([_result("opd", 0, 0.8, 20000)], tmp_path, teacher_gap={}, student_steps=275,
+                   teacher_steps=400, planned_seeds=1, plot=False, errors=errors)
+  assert f"| {ds.LABELS['esr']} | 4 | 1 | 27 | 25% | 25% | 50% |" in (tmp_path / "distill.md").read_text()
 
 
 def test_the_multiplication_variant_of_the_arms(monkeypatch):

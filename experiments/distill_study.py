@@ -393,8 +393,8 @@ def markdown(doc: dict) -> str:
     lines += [f"Where the greedy answers go wrong ({errors['start']['prompts']} held-out prompts, seed 0's final "
               "policy of each arm): a wrong answer's position is where its completion first leaves the worked "
               "reference solution; `shared` counts the wrong answers on prompts the teacher also gets wrong; "
-              "`in the answer` those whose worked lines all match the reference and which go wrong only in the "
-              "final <answer>.", "",
+              "`in the answer` those that leave it at or after the start of its final <answer> (every worked "
+              "line of the reference reproduced; on one- and two-column sums that start is within 12 tokens).", "",
               "| policy | wrong | shared with the teacher | median position | "
               + " | ".join(f"within first {k}" for k in ks) + " | in the answer |", "|---|---|---|---|" + "---|" * (len(ks) + 1)]
     names = {"start": "student (start)", "teacher": "teacher"}
@@ -661,8 +661,9 @@ def error_summary(wrong: dict[int, int], total: int, windows: Sequence[int],
     windows: the k's: the share of wrong answers that left the reference inside the first k tokens.
     teacher_wrong: the prompts the teacher answers wrongly ("shared": how many of `wrong` it does).
     answer_start: {prompt index: where the reference's final answer (its `<answer>` tag) starts};
-      given, "in_answer" is the share of wrong answers whose worked lines all match the reference
-      and which first leave it inside the final answer.
+      given, "in_answer" is the share of wrong answers that first leave the reference at or after
+      that point: every worked line of the reference reproduced, then a wrong final answer (or
+      an extra line where the reference answers).
 
   >>> error_summary({0: 8, 3: 9, 5: 30}, 10, [12], teacher_wrong=[3, 4])
   {'prompts': 10, 'wrong': 3, 'median_position': 9, 'shared': 1, '12': 0.6666666666666666}

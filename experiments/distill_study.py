@@ -394,9 +394,10 @@ def markdown(doc: dict) -> str:
               "policy of each arm): a wrong answer's position is where its completion first leaves the worked "
               "reference solution; `shared` counts the wrong answers on prompts the teacher also gets wrong; "
               "`in the answer` those that leave it at or after the start of its final <answer> (every worked "
-              "line of the reference reproduced; on one- and two-column sums that start is within 12 tokens).", "",
+              "line of the reference reproduced; on short problems that start is early).", "",
               "| policy | wrong | shared with the teacher | median position | "
-              + " | ".join(f"within first {k}" for k in ks) + " | in the answer |", "|---|---|---|---|" + "---|" * (len(ks) + 1)]
+              + " | ".join(f"within first {k}" for k in ks) + " | in the answer |",
+              "|---|---|---|---|" + "---|" * (len(ks) + 1)]
     names = {"start": "student (start)", "teacher": "teacher"}
     for name, e in errors.items():
       cells = " | ".join("n/a" if x is None else f"{x:.0%}" for x in [e[k] for k in ks] + [e.get("in_answer")])
@@ -728,7 +729,10 @@ def error_positions(runs: Sequence[tuple[str, pathlib.Path]], teacher_steps: int
   by_teacher = mistakes(teacher)
   policies = [("teacher", by_teacher), ("start", mistakes(start))]
   policies += [(name, mistakes(loop.latest_params(exp, workdir, start))) for name, workdir in runs]
-  answer_start = {i: ex["solution"].find("<answer>") for i, ex in enumerate(examples)}
+  answer_start = {}
+  for i, ex in enumerate(examples):   # a reference without an answer tag: nothing counts as inside its answer
+    at = ex["solution"].find("<answer>")
+    answer_start[i] = at if at >= 0 else len(ex["solution"]) + 1
   return {name: error_summary(wrong, len(examples), windows, by_teacher, answer_start) for name, wrong in policies}
 
 

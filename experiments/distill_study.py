@@ -442,18 +442,16 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  colors = {"opd": "#1f77b4", "opd_lr3": "#9467bd", "esr": "#d62728", "esr24": "#ff7f0e", "adwin": "#2ca02c", "grpo": "#7f7f7f"}
   kl = doc.get("kl_profile") or {}
   fig, axes = plt.subplots(1, 3 if kl else 2, figsize=(15 if kl else 10, 3.8))
   teacher = doc.get("teacher_pass@1")
-  for arm in doc["arms"]:
+  palette = plt.get_cmap("tab20").colors   # colour: the arm; line: the loss; marker: the step count
+  for j, arm in enumerate(doc["arms"]):
     runs = [r for r in doc["runs"] if r["arm"] == arm]
     for i, r in enumerate(runs):
       c = r["curve"]
-      base = arm.split("_")[0]   # colour: the rollouts (and the step size of full-rollout OPD); line: the loss
-      base = "opd_lr3" if arm.startswith("opd_") and "lr3" in arm else base
       style = ":" if "_fwd" in arm else "--" if "_full" in arm else "-"
-      kw = dict(color=colors.get(base, "k"), marker="^" if "lr6" in arm else "s" if "long" in arm else "o", ms=3,
+      kw = dict(color=palette[j % len(palette)], marker="^" if "lr6" in arm else "s" if "long" in arm else "o", ms=3,
                 lw=1.2, alpha=0.85, ls=style, label=LABELS.get(arm, arm) if i == 0 else None)
       axes[0].plot([p[1] / 1e3 for p in c], [p[2] for p in c], **kw)
       axes[1].plot([p[0] for p in c], [p[2] for p in c], **kw)
@@ -472,9 +470,9 @@ def _plot(doc: dict, path: pathlib.Path) -> None:
   axes[0].set_xlabel("generated tokens (thousands, probes included)")
   axes[1].set_xlabel("RL step")
   axes[0].legend(fontsize=5, loc="lower right", ncol=2)
-  fig.suptitle("On-policy distillation, 8 prompts x 8 samples a step (one line per seed; solid: single-sample "
-               "advantage, dashed: full-vocabulary reverse KL, dotted: forward KL; triangles: lr 6e-4, "
-               "squares: 320 steps)", fontsize=8)
+  fig.suptitle("On-policy distillation, 8 prompts x 8 samples a step (one line per seed, one colour per arm)\n"
+               "solid: single-sample advantage, dashed: full-vocabulary reverse KL, dotted: forward KL; "
+               "triangles: lr 6e-4, squares: 320 steps", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -799,7 +799,7 @@ def main(argv=None):
                       help="add: the default arithmetic; mul: distill_arms.py's multiplication variant; "
                            "mul_strong: its student and teacher trained further (mul,strong)")
   parser.add_argument("--teacher_steps", type=int, default=0,
-                      help="0: the task's (400 add, 600 mul, 1200 mul_strong)")
+                      help="0: the task's (TEACHER_SFT_STEPS of configs/distill_arms.py)")
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--arms", default=",".join(ARMS), help="arms to run (finished runs of the others are reported)")
   parser.add_argument("--runs_dir", default=None, help="default: TMP/rollouts_distill160[_TASK]")

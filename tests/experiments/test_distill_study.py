@@ -218,3 +218,13 @@ def test_the_multiplication_variant_of_the_arms(monkeypatch):
   monkeypatch.setattr(ds, "TASK", "mul_strong")
   assert ds._config_arg("opd_full_long", False) == "opd_full_long,mul,strong"
   assert ds.REFERENCE["esr16_full_long"] == "opd_full_long"
+
+
+def test_every_study_arm_is_an_arm_of_the_config_with_a_label_and_a_reference():
+  """The study's arm lists (priority order, labels, families) and the config's arms stay one set."""
+  from rollouts_jax.training import config as config_lib
+  arms = str(ds.REPO / ds.CONFIG)
+  for arm in ds.ARMS:
+    config_lib.load_config_file(arms, arm + ",smoke")   # a word the config does not know raises
+    assert arm in ds.LABELS
+  assert set(ds.REFERENCE) | set(ds.FAMILIES) <= set(ds.ARMS)

@@ -23,6 +23,7 @@ setup(
         "sentencepiece>=0.2.0",
         "safetensors>=0.4.3",
         "tokenizers>=0.20.0",
+        "gguf>=0.17.0",
         "math-verify>=0.7.0",
         "tqdm>=4.66",
         "matplotlib>=3.8",
@@ -35,9 +36,15 @@ setup(
             "tensorboard>=2.16",
             "torch>=2.4",
             "transformers>=4.51",
+            "accelerate>=1.0",
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
+        ],
+        # experiments/bench_real_lm.py's GRPO comparison (TRL's GRPOTrainer on the same model).
+        "bench": [
+            "trl>=1.16",
+            "datasets>=4.7",
         ],
         "notebooks": [
             "jupyter>=1.0",

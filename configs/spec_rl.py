@@ -6,7 +6,7 @@ last epoch's rollouts in one forward pass, accepts each token with probability
 min(1, e^0.5 * p_new / p_old), keeps the accepted prefix and decodes only the rest.
 
   python experiments/train.py --config=configs/spec_rl.py --workdir=/tmp/rollouts_spec_rl
-  python experiments/train.py --config=configs/spec_rl.py --config.rollout.speculative= ...  # the baseline
+  python experiments/train.py --config=configs/spec_rl.py --config.rollout.generator=sample ...  # the baseline
 """
 
 import os
@@ -17,5 +17,6 @@ from rollouts_jax.training.config import load_config_file
 def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "default.py"), arg)
   config.data.num_train = 256 if arg != "smoke" else config.data.num_train
-  config.rollout.speculative = "spec_rl"
+  config.rollout.generator = "spec_rl"
+  config.rollout.generator_kwargs = "lenience=1.6487212707001282"   # e^0.5, the paper's GRPO default
   return config

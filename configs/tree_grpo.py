@@ -18,6 +18,6 @@ from rollouts_jax.training.config import load_config_file
 def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "default.py"), arg)
   config.rollout.generator = "tree"
-  config.rollout.tree_kwargs = ("init_rows=1,entropy_min=0.3,min_depth=1,min_gap=2,width_h_low=0.1,"
-                                "width_h_high=1.0,width_beta=0.0,branch_tokens=sample,prune=False")
+  config.rollout.generator_kwargs = ("init_rows=1,entropy_min=0.3,min_depth=1,min_gap=2,width_h_low=0.1,"
+                                     "width_h_high=1.0,width_beta=0.0,branch_tokens=sample,prune=False")
   return config

@@ -345,7 +345,7 @@ def warm_start_overrides(env: dict) -> list[str]:
     print("building the warm start", flush=True)
     subprocess.run([sys.executable, "experiments/sft.py", f"--config={CONFIG}:{ARMS[0]}"], cwd=REPO, env=env,
                    check=True, stdout=subprocess.DEVNULL)
-  return ["model.init=hf", f"model.hf_path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
+  return ["model.init=hf", f"model.path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
 
 
 def run_one(arm: str, seed: int, workdir: pathlib.Path, overrides: Sequence[str], env: dict) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def warm_start_overrides(env: dict) -> list[str]:
   if not (folder / "done.json").exists():
     subprocess.run([sys.executable, "experiments/sft.py", f"--config={CONFIG}"], cwd=REPO, env=env, check=True,
                    stdout=subprocess.DEVNULL)
-  return ["model.init=hf", f"model.hf_path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
+  return ["model.init=hf", f"model.path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
 
 
 def run_metrics(workdir: pathlib.Path) -> dict:

@@ -28,7 +28,7 @@ revisits a prompt and history-based selectors (VADE, HIVE) have nothing to go on
 shrink only the RL prompt pool, so each prompt comes back about five times:
 
   python experiments/bench_control.py --mode=real --tag=pool256 --methods=uniform,vade,hive \
-      --config.model.init=hf --config.model.hf_path=WARM_START --config.tokenizer.path=WARM_START/tokenizer.json \
+      --config.model.init=hf --config.model.path=WARM_START --config.tokenizer.path=WARM_START/tokenizer.json \
       --config.data.num_train=256
 
 (WARM_START: the default config's cached warm-start folder.) "sampled reward" is the mean

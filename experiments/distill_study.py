@@ -747,7 +747,7 @@ def warm_start_overrides(runs_dir: pathlib.Path, smoke: bool, teacher_steps: int
   for folder in (student, teacher):
     if not (folder / "done.json").exists():
       raise RuntimeError(f"warm start {folder.name} is missing: run --gap first")
-  return ["model.init=hf", f"model.hf_path={student}", f"tokenizer.path={student / 'tokenizer.json'}",
+  return ["model.init=hf", f"model.path={student}", f"tokenizer.path={student / 'tokenizer.json'}",
           f"sft.cache_dir={runs_dir / 'teachers'}"] + (
       [f"rollout.teacher_sft_steps={teacher_steps}"] if not smoke else [])
 

@@ -324,9 +324,9 @@ def hf_overrides(folder: pathlib.Path) -> list[str]:
   """Overrides that start a run from the policy saved in `folder` (weights and `tokenizer.json`).
 
   >>> hf_overrides(pathlib.Path("ws"))
-  ['model.init=hf', 'model.hf_path=ws', 'tokenizer.path=ws/tokenizer.json']
+  ['model.init=hf', 'model.path=ws', 'tokenizer.path=ws/tokenizer.json']
   """
-  return ["model.init=hf", f"model.hf_path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
+  return ["model.init=hf", f"model.path={folder}", f"tokenizer.path={folder / 'tokenizer.json'}"]
 
 
 def random_warm_start(folder: pathlib.Path, study: str = "mc_grpo", *, smoke: bool = True,

@@ -186,11 +186,13 @@ class Tokenizer(abc.ABC):
       ids = [self.bos_id] + ids
     return ids
 
-  def decode(self, ids: Iterable[int]) -> str:
+  def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
     """Decodes ids to text; drops ``pad_id``, does not stop at EOS.
 
     Args:
       ids: a 1-D list or array of ids.
+      skip_special: also drop special tokens (EOS, BOS, a chat model's control tokens), as
+        a completion is read by a reward.
 
     Returns:
       The text, special tokens (other than padding) rendered as their strings.
@@ -199,7 +201,21 @@ class Tokenizer(abc.ABC):
     for i in id_list:
       if not 0 <= i < self.vocab_size:
         raise ValueError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")
+    if skip_special:
+      id_list = [i for i in id_list if not self.is_special(i)]
     return self._decode(id_list)
+
+  _end_of_turn_ids: tuple[int, ...] = ()
+
+  @property
+  def end_of_turn_ids(self) -> tuple[int, ...]:
+    """Every id that ends the model's turn (EOS first; a chat model's end-of-turn and
+    end-of-text ids too): the sampler stops on any of them."""
+    return tuple(dict.fromkeys((self.eos_id,) + tuple(self._end_of_turn_ids)))
+
+  def is_special(self, token_id: int) -> bool:
+    """Whether an id is a special (control) token, which `decode(..., skip_special=True)` drops."""
+    return token_id in (self.eos_id, self.pad_id, self.bos_id)
 
   @property
   def special_tokens(self) -> dict[str, str | None]:
@@ -254,6 +270,19 @@ def _token_content(value: Any) -> str | None:
 def _read_json(path: pathlib.Path) -> dict:
   with open(path, encoding="utf-8") as f:
     return json.load(f)
+
+
+# GGUF pre-tokenizers (tokenizer.ggml.pre): None = GPT-2's byte-level regex, "digits" = each digit
+# alone then GPT-2's regex (SmolLM), else a split regex applied before byte-level mapping.
+_GGUF_PRE_TOKENIZERS = {
+    "default": None,
+    "gpt-2": None,
+    "smollm": "digits",
+    "qwen2": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+"),
+    "llama-bpe": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+"),}
+_GGUF_PRE_TOKENIZERS["llama3"] = _GGUF_PRE_TOKENIZERS["llama-v3"] = _GGUF_PRE_TOKENIZERS["llama-bpe"]
 
 
 class HFTokenizer(Tokenizer):
@@ -332,6 +361,76 @@ class HFTokenizer(Tokenizer):
     return cls(tokenizers.Tokenizer.from_file(str(tok_file)), eos_token=eos,
                pad_token=special("pad_token"), bos_token=bos, chat_template=template)
 
+  @classmethod
+  def from_gguf(cls, path: PathLike) -> "HFTokenizer":
+    """The byte-level BPE tokenizer stored in a GGUF file's metadata (``tokenizer.ggml.*``).
+
+    The vocabulary, merges, token types (control and user-defined tokens become added
+    tokens), BOS / EOS / padding ids and ``tokenizer.chat_template`` come from the file; the
+    pre-tokenizer from ``tokenizer.ggml.pre`` (``gpt-2`` / ``default``, ``smollm``, ``qwen2``,
+    ``llama-bpe``). Raises ``ValueError`` naming the file for a tokenizer model other than
+    ``gpt2`` (byte-level BPE), an unknown pre-tokenizer or missing fields.
+
+    Args:
+      path: the ``.gguf`` file.
+
+    Returns:
+      An :class:`HFTokenizer`.
+    """
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+    from rollouts_jax.models.gguf import read_gguf_metadata  # pylint: disable=g-import-not-at-top
+
+    path = pathlib.Path(path)
+    meta = read_gguf_metadata(path)
+    kind = meta.get("tokenizer.ggml.model")
+    if kind is None:
+      raise ValueError(f"{path} has no tokenizer (no tokenizer.ggml.model in its metadata)")
+    if kind != "gpt2":
+      raise ValueError(f"{path}: tokenizer.ggml.model={kind!r} is not supported (only 'gpt2', byte-level BPE)")
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"):
+      if key not in meta:
+        raise ValueError(f"{path}: the tokenizer metadata has no {key}")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in _GGUF_PRE_TOKENIZERS:
+      raise ValueError(f"{path}: tokenizer.ggml.pre={pre!r} is not supported; supported: "
+                       f"{', '.join(sorted(_GGUF_PRE_TOKENIZERS))}")
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
+                     byte_fallback=False)
+    tok = tokenizers.Tokenizer(bpe)
+    split = _GGUF_PRE_TOKENIZERS[pre]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split in (None, "digits"))
+    if split is None:
+      tok.pre_tokenizer = byte_level
+    elif split == "digits":
+      tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+      tok.pre_tokenizer = pre_tokenizers.Sequence([
+          pre_tokenizers.Split(tokenizers.Regex(split), behavior="isolated", invert=False), byte_level])
+    tok.decoder = decoders.ByteLevel()
+    # Control (3) and user-defined (4) tokens are matched whole, before BPE.
+    added = [tokenizers.AddedToken(tokens[i], special=(types[i] == 3), normalized=False)
+             for i in range(len(tokens)) if types[i] in (3, 4)]
+    if added:
+      tok.add_special_tokens([a for a in added if a.special])
+      tok.add_tokens([a for a in added if not a.special])
+
+    def name(key):
+      i = meta.get(key)
+      return None if i is None else tokens[int(i)]
+
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    out = cls(tok, eos_token=name("tokenizer.ggml.eos_token_id"), pad_token=name("tokenizer.ggml.padding_token_id"),
+              bos_token=name("tokenizer.ggml.bos_token_id") if add_bos else None,
+              chat_template=meta.get("tokenizer.chat_template"))
+    out._end_of_turn_ids = tuple(dict.fromkeys(  # pylint: disable=protected-access
+        int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                               "tokenizer.ggml.eom_token_id") if meta.get(k) is not None))
+    return out
+
   @property
   def vocab_size(self) -> int:
     return int(self._tok.get_vocab_size(with_added_tokens=True))
@@ -347,6 +446,11 @@ class HFTokenizer(Tokenizer):
   @property
   def bos_id(self) -> int | None:
     return self._bos_id
+
+  def is_special(self, token_id: int) -> bool:
+    if getattr(self, "_special_ids", None) is None:
+      self._special_ids = {int(i) for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+    return token_id in self._special_ids or super().is_special(token_id)
 
   def id_to_token(self, token_id: int) -> str:
     token = self._tok.id_to_token(int(token_id))
@@ -621,7 +725,7 @@ class CharTokenizer(Tokenizer):
 def load_tokenizer(path: PathLike, **kwargs: Any) -> Tokenizer:
   """Loads any tokenizer of the library from a path.
 
-  A folder with ``tokenizer.json`` gives an :class:`HFTokenizer`, a ``.model`` file a
+  A folder with ``tokenizer.json`` or a ``.gguf`` file gives an :class:`HFTokenizer`, a ``.model`` file a
   :class:`SentencePieceTokenizer`, a json file written by :meth:`CharTokenizer.save` a
   :class:`CharTokenizer`.
 
@@ -639,6 +743,8 @@ def load_tokenizer(path: PathLike, **kwargs: Any) -> Tokenizer:
   p = pathlib.Path(path)
   if p.is_dir():
     return HFTokenizer.from_dir(p)
+  if p.suffix == ".gguf":
+    return HFTokenizer.from_gguf(p)
   if p.suffix == ".model":
     return SentencePieceTokenizer(p, **kwargs)
   if p.suffix == ".json" and p.is_file():

@@ -10,6 +10,7 @@ import numpy as np
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+COMPUTE_DTYPES = ("", "float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,19 @@ class ModelConfig:
   pad_token_id: int | None = None
   # Checkpoint activations of each layer in the backward pass (saves memory when training).
   remat: bool = False
+  # The dtype the model computes in: "" = the parameters' own; "bfloat16" = every floating
+  # parameter is cast to bf16 where the model reads it (`models.compute_params`), so the
+  # activations and the KV cache are bf16 while stored parameters, their gradients and the
+  # optimizer state keep the parameters' dtype (fp32 master weights). Logits stay float32.
+  compute_dtype: str = ""
+  # The residual stream's dtype: "" = the (compute) parameters' dtype; "float32" = the residual
+  # stream, norms, attention and elementwise math in float32 while each matmul takes its
+  # operands in the weight's dtype and accumulates in float32 (with bf16 weights: bf16 matmuls,
+  # fp32 residual, the usual mixed-precision sampler; it keeps the sampler/trainer gap small).
+  activation_dtype: str = ""
+  # Ids at or past this are never produced (their logits are -inf everywhere the model is
+  # scored or sampled): a padded embedding's rows the tokenizer cannot decode. 0: every row.
+  vocab_limit: int = 0
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -72,6 +86,13 @@ class ModelConfig:
         raise ValueError(
             f"Unsupported rope scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}.")
     object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
+    if self.compute_dtype not in COMPUTE_DTYPES:
+      raise ValueError(f"Unsupported compute_dtype {self.compute_dtype!r}; supported: "
+                       f"{', '.join(map(repr, COMPUTE_DTYPES))}.")
+    if self.activation_dtype not in ("", "float32"):
+      raise ValueError(f"Unsupported activation_dtype {self.activation_dtype!r}; supported: '', 'float32'.")
+    if not 0 <= self.vocab_limit <= self.vocab_size:
+      raise ValueError(f"vocab_limit {self.vocab_limit} must be in [0, vocab_size={self.vocab_size}].")
 
   @property
   def rope_scaling_dict(self) -> dict[str, Any]:

@@ -3,9 +3,16 @@
 One definition, used by the RL update (current, old and reference log-probs) and by
 rollout recomputation (Sol-RL's full-precision log-probs of FP4 samples), so the update's
 ratio always compares like with like: both sides divide the logits by the same temperature.
+
+With a large vocabulary the logits dominate the update's memory: R rows of T positions
+hold R T V float32 logits, and a gradient keeps them (and their softmax) for the backward.
+`token_logprobs(..., chunk=C)` sends the positions through the output head C at a time,
+each chunk recomputed in the backward, so no more than [R, C, V] logits are ever held.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,9 +20,12 @@ import jax.numpy as jnp
 from rollouts_jax.models import transformer
 from rollouts_jax.models.config import ModelConfig
 
+# The parameters the output head reads (`transformer.unembed`).
+_HEAD_KEYS = ("final_norm", "embed", "lm_head")
+
 
 def token_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax.Array, prompt_len: int, *,
-                   temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+                   temperature: float = 1.0, chunk: int = 0) -> tuple[jax.Array, jax.Array]:
   """Log-probs and entropies of tokens `[prompt_len:]` given everything before them.
 
   Args:
@@ -25,6 +35,7 @@ def token_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: ja
     mask_RxL: bool [R, L] attention mask.
     prompt_len: P, the (padded) prompt length.
     temperature: the logits are divided by it (the sampler's temperature), > 0.
+    chunk: C > 0 scores C positions at a time (see `hidden_logprobs`); 0: all T at once.
 
   Returns:
     (logprobs float32 [R, T], entropy float32 [R, T]) of the tempered distribution, T = L - P.
@@ -38,9 +49,55 @@ def token_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: ja
   >>> lp, ent = token_logprobs(cfg, params, toks, toks > 0, 2)
   >>> lp.shape, bool(jnp.all(lp <= 0)), bool(jnp.all(ent >= 0))
   ((1, 2), True, True)
+  >>> lp1, ent1 = token_logprobs(cfg, params, toks, toks > 0, 2, chunk=1)
+  >>> bool(jnp.allclose(lp, lp1, atol=1e-6)) and bool(jnp.allclose(ent, ent1, atol=1e-6))
+  True
   """
-  return pick_and_entropy(vocab_logprobs(cfg, params, tokens_RxL, mask_RxL, prompt_len, temperature=temperature),
-                          tokens_RxL[:, prompt_len:])
+  hidden = transformer.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
+  return hidden_logprobs(cfg, params, hidden[:, prompt_len - 1:-1], tokens_RxL[:, prompt_len:],
+                         temperature=temperature, chunk=chunk)
+
+
+def hidden_logprobs(cfg: ModelConfig, params, hidden_RxTxD: jax.Array, tokens_RxT: jax.Array, *,
+                    temperature: float = 1.0, chunk: int = 0) -> tuple[jax.Array, jax.Array]:
+  """(log-prob [R, T], entropy [R, T]) of `tokens_RxT` from the final hidden states that predict them.
+
+  With `chunk` = C > 0 (and C < T) the positions are split into chunks of C (the last one
+  padded); each chunk's head, tempered log-softmax, pick and entropy run under
+  `jax.checkpoint` inside a scan, so the forward holds one chunk's [R, C, V] logits at a
+  time and the backward recomputes them chunk by chunk (one more head matmul) instead of
+  keeping all [R, T, V]. The values are those of `chunk=0` up to float rounding.
+
+  Args:
+    cfg: model configuration.
+    params: the policy (only the output head and final norm are read).
+    hidden_RxTxD: final hidden states (before the final norm), position t predicting token t.
+    tokens_RxT: int32 [R, T], the tokens scored.
+    temperature: the logits are divided by it, > 0.
+    chunk: positions per chunk; 0 (or >= T): all at once.
+  """
+  if chunk < 0:
+    raise ValueError(f"chunk must be >= 0 (0: unchunked), got {chunk}.")
+  R, T = tokens_RxT.shape
+  if chunk == 0 or chunk >= T:
+    return pick_and_entropy(_tempered_logp(cfg, params, hidden_RxTxD, temperature), tokens_RxT)
+  n = -(-T // chunk)
+  pad = n * chunk - T
+  # Padded positions have zero hidden states (finite: uniform logits after the norm) and
+  # token 0; they are cut off below, so they get no gradient.
+  h = jnp.pad(hidden_RxTxD, ((0, 0), (0, pad), (0, 0)))
+  tok = jnp.pad(tokens_RxT, ((0, 0), (0, pad)))
+  h_NxRxCxD = jnp.moveaxis(h.reshape(R, n, chunk, h.shape[-1]), 1, 0)
+  tok_NxRxC = jnp.moveaxis(tok.reshape(R, n, chunk), 1, 0)
+  head = {k: params[k] for k in _HEAD_KEYS if k in params}
+
+  @functools.partial(jax.checkpoint, prevent_cse=False)
+  def score(head_params, h_RxCxD, tok_RxC):
+    return pick_and_entropy(_tempered_logp(cfg, head_params, h_RxCxD, temperature), tok_RxC)
+
+  _, (lp, ent) = jax.lax.scan(lambda carry, xs: (carry, score(head, *xs)), None, (h_NxRxCxD, tok_NxRxC))
+  unchunk = lambda x_NxRxC: jnp.moveaxis(x_NxRxC, 0, 1).reshape(R, n * chunk)[:, :T]
+  return unchunk(lp), unchunk(ent)
 
 
 def vocab_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax.Array, prompt_len: int, *,
@@ -51,7 +108,12 @@ def vocab_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: ja
   Args as `token_logprobs`.
   """
   hidden = transformer.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
-  logits_RxTxV = transformer.unembed(cfg, params, hidden[:, prompt_len - 1:-1]).astype(jnp.float32)
+  return _tempered_logp(cfg, params, hidden[:, prompt_len - 1:-1], temperature)
+
+
+def _tempered_logp(cfg: ModelConfig, params, hidden_RxTxD: jax.Array, temperature: float) -> jax.Array:
+  """float32 [R, T, V]: log-softmax of the head's logits divided by the temperature."""
+  logits_RxTxV = transformer.unembed(cfg, params, hidden_RxTxD).astype(jnp.float32)
   if temperature != 1.0:
     logits_RxTxV = logits_RxTxV / temperature
   return jax.nn.log_softmax(logits_RxTxV, axis=-1)

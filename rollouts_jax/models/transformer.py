@@ -95,16 +95,56 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def _is_quantized(x: Any) -> bool:
+  return hasattr(x, "fmt")  # an FP4 tensor (rollouts_jax.kernels.fp4 / models.quantize)
+
+
+def compute_params(cfg: ModelConfig, params: Params) -> Params:
+  """The parameters as the model computes with them: cast to `cfg.compute_dtype`.
+
+  Every floating array is cast; FP4-quantized weights (and any non-floating leaf) are left
+  as they are. With `compute_dtype=""`, or when every array already has that dtype, the
+  same pytree comes back untouched, so calling it again on cast parameters (inside a
+  decode loop, or in `forward` after the sampler cast once) adds nothing. Gradients flow
+  through the cast: a loss of the cast parameters has gradients of the stored dtype.
+
+  XLA:CPU computes a bf16 matmul in float32 (it converts both operands), so on the CPU bf16
+  compute saves neither memory nor time; it is meant for accelerators with bf16 matmuls.
+
+  >>> cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+  ...                   num_heads=4, num_kv_heads=2, compute_dtype="bfloat16")
+  >>> p = compute_params(cfg, init_params(cfg, jax.random.key(0)))
+  >>> p["embed"].dtype, p["layers"]["q"].dtype
+  (dtype(bfloat16), dtype(bfloat16))
+  >>> compute_params(cfg, p) is p
+  True
+  """
+  if not cfg.compute_dtype:
+    return params
+  dtype = jnp.dtype(cfg.compute_dtype)
+  needs_cast = lambda x: (not _is_quantized(x) and hasattr(x, "dtype")
+                          and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype)
+  leaves = jax.tree_util.tree_leaves(params, is_leaf=_is_quantized)
+  if not any(needs_cast(x) for x in leaves):
+    return params
+  return jax.tree_util.tree_map(lambda x: x.astype(dtype) if needs_cast(x) else x, params,
+                                is_leaf=_is_quantized)
+
+
 def dense(x: jax.Array, w: Any) -> jax.Array:
   """`x[..., K] @ w[K, N]` for a plain weight or an FP4-quantized one."""
-  if hasattr(w, "fmt"):  # a quantized tensor from rollouts_jax.kernels.fp4
+  if _is_quantized(w):  # a quantized tensor from rollouts_jax.kernels.fp4
     from rollouts_jax.kernels import fp4  # pylint: disable=g-import-not-at-top
     return fp4.matmul(x, w, implementation=getattr(w, "implementation", "pallas")).astype(x.dtype)
   # As a 2-D matmul: the weight gradient is then one [K, M] x [M, N] product. Left as a
   # [..., K] contraction, XLA:CPU computes it with several contracting dimensions on a slow
   # path (3x slower backward for [B, T, K] activations); elsewhere the reshape is free.
   lead = x.shape[:-1]
-  y = jnp.dot(x.reshape(-1, x.shape[-1]), w.astype(x.dtype))
+  x2 = x.reshape(-1, x.shape[-1])
+  if jnp.dtype(w.dtype).itemsize < jnp.dtype(x.dtype).itemsize:   # e.g. bf16 weights, fp32 residual:
+    y = jnp.dot(x2.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)  # bf16 operands
+  else:
+    y = jnp.dot(x2, w.astype(x.dtype))
   return y.reshape(lead + (w.shape[-1],))
 
 
@@ -166,8 +206,9 @@ def _embed(params: Params, tokens_BxT, dtype):
   return jnp.take(params["embed"], tokens_BxT, axis=0).astype(dtype)
 
 
-def _activation_dtype(params: Params):
-  return params["embed"].dtype
+def _activation_dtype(cfg: ModelConfig, params: Params):
+  """The residual stream's dtype: `cfg.activation_dtype`, else the embedding's."""
+  return jnp.dtype(cfg.activation_dtype) if cfg.activation_dtype else params["embed"].dtype
 
 
 def unembed(cfg: ModelConfig, params: Params, x_BxTxD: jax.Array) -> jax.Array:
@@ -181,6 +222,8 @@ def unembed(cfg: ModelConfig, params: Params, x_BxTxD: jax.Array) -> jax.Array:
     logits = dense(h2.astype(jnp.float32), head)
   else:
     logits = jnp.einsum("md,dv->mv", h2, head.astype(h.dtype), preferred_element_type=jnp.float32)
+  if 0 < cfg.vocab_limit < cfg.vocab_size:   # padded rows no tokenizer id maps to: never produced
+    logits = jnp.where(jnp.arange(logits.shape[-1]) < cfg.vocab_limit, logits, _NEG_INF)
   return logits.reshape(h.shape[:-1] + (logits.shape[-1],))
 
 
@@ -196,7 +239,7 @@ def forward(cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask:
 
   Args:
     cfg: model configuration (static).
-    params: params pytree.
+    params: params pytree (cast to `cfg.compute_dtype` first, see `compute_params`).
     tokens: int32 [B, L].
     attention_mask: bool [B, L], True at real tokens; left padding is supported. Default: all True.
     positions: int32 [B, L] rotary positions. Default: counted from the first real token.
@@ -210,13 +253,14 @@ def forward(cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask:
   >>> forward(cfg, params, jnp.zeros((2, 5), jnp.int32)).shape
   (2, 5, 64)
   """
+  params = compute_params(cfg, params)
   B, L = tokens.shape
   mask_BxL = jnp.ones((B, L), bool) if attention_mask is None else attention_mask.astype(bool)
   if positions is None:
     positions = positions_from_mask(mask_BxL)
   causal_LxL = jnp.tril(jnp.ones((L, L), bool))
   attn_mask_BxLxL = causal_LxL[None] & mask_BxL[:, None, :]
-  x = _embed(params, tokens, _activation_dtype(params))
+  x = _embed(params, tokens, _activation_dtype(cfg, params))
 
   def layer(x_BxLxD, lp):
     q, k, v = _qkv(cfg, lp, x_BxLxD, positions)
@@ -270,7 +314,7 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array, cach
 
   Args:
     cfg: model configuration (static).
-    params: params pytree.
+    params: params pytree (cast to `cfg.compute_dtype` first, see `compute_params`).
     tokens: int32 [B, T].
     cache: the KV cache.
     token_mask: bool [B, T], False at padding. Default: all True.
@@ -278,6 +322,7 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array, cach
   Returns:
     (float32 logits [B, T, V] or [B, 1, V], updated cache).
   """
+  params = compute_params(cfg, params)
   B, T = tokens.shape
   S = cache.length
   tmask_BxT = jnp.ones((B, T), bool) if token_mask is None else token_mask.astype(bool)
@@ -287,7 +332,7 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array, cach
   slots_S = jnp.arange(S)
   visible_TxS = slots_S[None, :] <= (cache.index + jnp.arange(T))[:, None]
   attn_mask_BxTxS = visible_TxS[None] & slot_mask_BxS[:, None, :]
-  x = _embed(params, tokens, _activation_dtype(params))
+  x = _embed(params, tokens, _activation_dtype(cfg, params))
 
   def layer(carry, inputs):
     x_BxTxD, k_all, v_all = carry

@@ -318,7 +318,7 @@ def _decode_forward(cfg: ModelConfig, config: SamplingConfig, params: Params, pr
   n, K, G, Dh = R // B, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
   step = state.step
   positions = (prefix.positions_R + step)[:, None]
-  x = _tf._embed(params, token_R[:, None], _tf._activation_dtype(params))  # pylint: disable=protected-access
+  x = _tf._embed(params, token_R[:, None], _tf._activation_dtype(cfg, params))  # pylint: disable=protected-access
   kts, vs = list(state.kt), list(state.v)
   for l, lp in enumerate(prefix.layers):
     q, k, v = _tf._qkv(cfg, lp, x, positions)  # pylint: disable=protected-access
@@ -449,6 +449,7 @@ def auto_sample_chunk(cfg: ModelConfig, config: SamplingConfig, batch: int) -> i
 def _sample_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask, key,
                 shard_ctx: sharding.ShardingContext | None = None, row_ids=None, offset_R=None, limit_R=None,
                 stop_groups: tuple[int, int] | None = None):
+  params = models.compute_params(cfg, params)  # cast once, outside the decode loop
   B, P = prompt_ids.shape
   N, T = config.num_samples, config.max_new_tokens
   n = auto_sample_chunk(cfg, config, B)
@@ -639,7 +640,7 @@ def _prefix_forward(cfg: ModelConfig, params: Params, prompt_k, prompt_v, prompt
   K, G, Dh = cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
   positions = start_R[:, None] + jnp.arange(L)[None, :]
   own_RxLxL = jnp.tril(jnp.ones((L, L), bool))[None] & mask_RxL[:, None, :]
-  x = _tf._embed(params, tokens_RxL, _tf._activation_dtype(params))  # pylint: disable=protected-access
+  x = _tf._embed(params, tokens_RxL, _tf._activation_dtype(cfg, params))  # pylint: disable=protected-access
   scale = Dh ** -0.5
   kts, vs = [], []
   for l in range(cfg.num_layers):
@@ -664,6 +665,7 @@ def _prefix_forward(cfg: ModelConfig, params: Params, prompt_k, prompt_v, prompt
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _prompt_prefill_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask):
   """Each prompt prefilled once: keys / values per layer [B, K, P, Dh], logits [B, V], lengths [B]."""
+  params = models.compute_params(cfg, params)  # the compute dtype, once per call
   B, P = prompt_ids.shape
   cache_dtype = jnp.dtype(config.cache_dtype) if config.cache_dtype else params["embed"].dtype
   cache = models.init_cache(cfg, B, P, cache_dtype)
@@ -682,6 +684,7 @@ def _resume_rows_jit(cfg: ModelConfig, params: Params, prompt_k, prompt_v, promp
   prompt's keys; the result fills generated slots [0, L) of [R, K, Dh, slots] buffers. Every
   other row keeps empty buffers and its prompt's next-token logits.
   """
+  params = models.compute_params(cfg, params)  # the compute dtype, once per call
   B = prompt_mask.shape[0]
   R, L = prefix_ids_RxL.shape
   N = R // B
@@ -734,7 +737,7 @@ def _resume_step(cfg: ModelConfig, config: SamplingConfig, params: Params, prefi
   done = state.done_R | (pos + 1 >= config.max_new_tokens)
   if config.eos_ids:
     done = done | jnp.isin(token, jnp.asarray(config.eos_ids, jnp.int32))
-  x = _tf._embed(params, token[:, None], _tf._activation_dtype(params))  # pylint: disable=protected-access
+  x = _tf._embed(params, token[:, None], _tf._activation_dtype(cfg, params))  # pylint: disable=protected-access
   positions = (prefix.positions_R + pos)[:, None]
   valid = jnp.arange(state.kt[0].shape[-1])[None, :] <= pos[:, None]
   kts, vs = list(state.kt), list(state.v)
@@ -773,6 +776,7 @@ def _resume_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt
                 kt, v, first_RxV, prefix_ids, prefix_mask, prefix_lp, prefix_plp, prefix_ent, done_BxN, key,
                 shard_ctx: sharding.ShardingContext | None = None, stop_groups: tuple[int, int] | None = None):
   """Decodes resumed rows [B, N] against their prompts' shared keys; returns the SampleOutput."""
+  params = models.compute_params(cfg, params)  # cast once, outside the decode loop
   B, N, L = prefix_ids.shape
   R, T = B * N, config.max_new_tokens
   views = _resume_views(T, L, config.length_segments)

@@ -425,7 +425,7 @@ def _layers(params):
 
 def _run_tokens(cfg, params, layers, k_cache, v_cache, tokens_RxM, positions_RxM, slot_R, visible_RxMxS):
   """Runs M tokens per row, writing their keys/values at slots [slot_R, slot_R + M); returns logits."""
-  x = _tf._embed(params, tokens_RxM, _tf._activation_dtype(params))  # pylint: disable=protected-access
+  x = _tf._embed(params, tokens_RxM, _tf._activation_dtype(cfg, params))  # pylint: disable=protected-access
   put = jax.vmap(lambda c, new, s: jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0)))
   ks, vs = list(k_cache), list(v_cache)
   for l, lp in enumerate(layers):

@@ -42,6 +42,7 @@ class Task:
       process (`reward.num_workers=0`); others always run in grader worker processes.
   """
   name: str = ""
+  dataset: str = ""             # the TFDS builder's name ("": the task's name)
   synthetic: bool = False
   answer_format: str = "boxed"
   can_rewrite: bool = False
@@ -62,9 +63,10 @@ class Task:
     """(train examples, test examples, whether train is really the test split)."""
     data_dir = data_cfg.data_dir or str(cache_root() / "tfds")
     kw = self.builder_kwargs(data_cfg)
-    test = data_lib.load_dataset(self.name, "test", data_dir=data_dir, **kw)
-    if self.synthetic or "train" in data_lib.BENCHMARK_FILES.get(self.name, {}):
-      return data_lib.load_dataset(self.name, "train", data_dir=data_dir, **kw), test, False
+    name = self.dataset or self.name
+    test = data_lib.load_dataset(name, "test", data_dir=data_dir, **kw)
+    if self.synthetic or "train" in data_lib.BENCHMARK_FILES.get(name, {}):
+      return data_lib.load_dataset(name, "train", data_dir=data_dir, **kw), test, False
     return test, test, True
 
   # -- prompts ---------------------------------------------------------------------------------
@@ -159,6 +161,46 @@ class Arithmetic(Task):
     return dict(example, a=b, b=a, question=f"What is {b} {op} {a}?")
 
 
+@dataclasses.dataclass(frozen=True)
+class ArithmeticChat(Arithmetic):
+  """The arithmetic problems as a chat model is asked them: "Calculate a + b. Reply with just the
+  result.", and the reply's last number is its answer (no tags: a pretrained instruct model has
+  never seen them). The same examples as `arithmetic` (its TFDS builder)."""
+  name: str = "arithmetic_chat"
+  dataset: str = "arithmetic"
+  answer_format: str = "number"
+  can_rewrite: bool = False
+
+  def prompt(self, example, tokenizer, template="plain", *, instruction=True):
+    """Example:
+
+    >>> ArithmeticChat().prompt({"a": 12, "b": 7, "op": "+"}, None)
+    'Calculate 12 + 7. Reply with just the result.\\n'
+    """
+    text = f"Calculate {int(example['a'])} {example['op']} {int(example['b'])}."
+    if instruction:
+      text += " Reply with just the result."
+    if template == "plain":
+      return text + "\n"
+    if template != "chat":
+      raise ValueError(f"template must be 'plain' or 'chat', got {template!r}")
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+
+  def completion(self, example):
+    return str(example["answer"])
+
+  def extract(self, text):
+    """The last number of the reply. Example:
+
+    >>> ArithmeticChat().extract("59 + 63 = 122."), ArithmeticChat().extract("no idea")
+    ('122', None)
+    """
+    found = _NUMBER.findall(str(text))
+    value = extract_lib.parse_number(found[-1]) if found else None
+    return None if value is None else extract_lib.format_number(value)
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _WS = re.compile(r"\s+")
 
 
@@ -306,7 +348,7 @@ class MathBoxed(Task):
 
 
 _TASKS: dict[str, Task] = {t.name: t for t in (
-    Arithmetic(), Countdown(), Gsm8k(), MathBoxed(name="math500"), MathBoxed(name="aime24"),
+    Arithmetic(), ArithmeticChat(), Countdown(), Gsm8k(), MathBoxed(name="math500"), MathBoxed(name="aime24"),
     MathBoxed(name="amc23"))}
 
 

@@ -252,7 +252,8 @@ def old_logprobs(exp, cfg, batch, step: int, params, hub, ewma):
     return None
   fn = functools.partial(batch_logprobs, prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
                          completion_ids=batch.completion_ids, completion_mask=batch.completion_mask, cfg=cfg,
-                         temperature=exp.rollout.temperature, micro_rows=exp.rl.micro_batch_size)
+                         temperature=exp.rollout.temperature, micro_rows=exp.rl.micro_batch_size,
+                         chunk=exp.rl.logprob_chunk)
   if mode == "ewma":
     return np.asarray(fn(ewma["params"]))
   version = np.asarray(batch.policy_version)

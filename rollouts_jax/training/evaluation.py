@@ -18,14 +18,15 @@ from rollouts_jax.training import eval_metrics
 
 
 def decode_completions(tokenizer, ids_BxNxT: np.ndarray, mask_BxNxT: np.ndarray) -> list[list[str]]:
-  """Texts of the completions `[B][N]`, EOS and padding dropped."""
+  """Texts of the completions `[B][N]`: EOS, end-of-turn ids, padding and special tokens dropped."""
   B, N, T = ids_BxNxT.shape
+  stop = set(tokenizer.end_of_turn_ids)
   out = []
   for b in range(B):
     row = []
     for j in range(N):
-      toks = [int(t) for t in ids_BxNxT[b, j][mask_BxNxT[b, j]] if int(t) != tokenizer.eos_id]
-      row.append(tokenizer.decode(toks))
+      toks = [int(t) for t in ids_BxNxT[b, j][mask_BxNxT[b, j]] if int(t) not in stop]
+      row.append(tokenizer.decode(toks, skip_special=True))
     out.append(row)
   return out
 

@@ -8,8 +8,10 @@ resumes bitwise.
 
 One step (`collect`):
   1. CONTROL selects B prompts and their budgets (`selector.select`).
-  2. GENERATE samples N completions each (or an FP4 pool that CONTROL narrows to N,
-     Sol-RL), into a `RolloutBatch`.
+  2. GENERATE samples N completions each into a `RolloutBatch`: the configured generator
+     (`rollout.generators`: plain sampling, SPEC-RL ...) or one of the modes still run here
+     (an FP4 pool that CONTROL narrows to N (Sol-RL), ARRoL pruning, tree rollouts, a
+     distillation window); the generator learns from its scored groups (`generator.update`).
   3. FILTER scores them (verifiers in a grader pool and/or label-free group rewards).
   4. Dynamic sampling (a CONTROL group filter) refills until B informative groups or the
      refill budget; surplus informative groups go to the REPLAY buffer, whose stored groups
@@ -37,8 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rollouts_jax import advantages, control, losses, models, replay, rewards, sampling, tasks
+from rollouts_jax import advantages, control, losses, models, replay, rewards, rollout, sampling, tasks
 from rollouts_jax.advantages import clustering
+from rollouts_jax.rollout import tree as rollout_tree
 from rollouts_jax.sampling import sol_rl
 from rollouts_jax.sampling.batch import RolloutBatch
 from rollouts_jax.training import rl_step as rl_step_lib
@@ -77,7 +80,7 @@ class PipelineState:
   ref: Any = None
   partial: Any = None
   arrol: Any = None
-  drafts: Any = None
+  generator: Any = None
   window: Any = None
 
 
@@ -119,9 +122,9 @@ class RolloutPipeline:
       (reverse, or forward with `rl.distill_kl`); ADWIN's probe keeps the single-sample signal.
     tree: a `sampling.TreeConfig` (None: independent samples): tree rollouts, whose leaves
       are the samples and whose TreeRL node values are the per-token advantages.
-    speculative, spec_lenience: SPEC-RL ("spec_rl"; "": off): a prompt's rollouts of its
-      previous visit are drafts, verified by the current policy with lenience l (accept with
-      min(1, l * p_new / p_old)); the longest accepted prefix is kept and decoding continues.
+    generator: GENERATE's `rollout.Generator` (None: plain sampling, "sample"), used
+      whenever none of the modes above (fp4, prune, tree, a distillation window) generates;
+      its state is `PipelineState.generator`.
     seed: the run's seed.
   """
   cfg: models.ModelConfig
@@ -158,9 +161,12 @@ class RolloutPipeline:
   distill_window: int = 16
   adwin: tuple = (5, 0.25, 0.9)
   tree: Optional[sampling.TreeConfig] = None
-  speculative: str = ""
-  spec_lenience: float = 1.6487212707001282   # e^0.5, SPEC-RL's GRPO default
+  generator: Optional[rollout.Generator] = None
   seed: int = 0
+
+  def __post_init__(self):
+    if self.generator is None:
+      self.generator = rollout.build("sample", self.generator_context)
 
   @property
   def task(self) -> tasks.Task:
@@ -169,6 +175,12 @@ class RolloutPipeline:
   @property
   def num_samples(self) -> int:
     return self.sampling_config.num_samples
+
+  @property
+  def generator_context(self) -> rollout.GeneratorContext:
+    """What GENERATE's generators are built from."""
+    return rollout.GeneratorContext(cfg=self.cfg, sampling=self.sampling_config, num_prompts=len(self.examples),
+                                    seed=self.seed)
 
   # -- state -------------------------------------------------------------------------------------
   def init_state(self) -> PipelineState:
@@ -181,10 +193,9 @@ class RolloutPipeline:
       ref = RefRewards(rewards=jnp.zeros((n, self.ref_samples), jnp.float32), step=jnp.full((n,), -1, jnp.int32))
     partial = self.partial.init() if self.partial is not None else None
     head = control.arrol.head_init(self.cfg.hidden_size) if self.prune else None
-    drafts = self._draft_store().init() if self.speculative else None
     window = jnp.asarray(self.distill_window, jnp.int32) if self.distill_mode in ("esr", "adwin") else None
     return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial, arrol=head,
-                         drafts=drafts, window=window)
+                         generator=self.generator.init(), window=window)
 
   @property
   def distill_mode(self) -> str:
@@ -195,9 +206,6 @@ class RolloutPipeline:
   def distill_full(self) -> bool:
     """Whether distillation uses the full-vocabulary reverse KL (else the single-sample advantage)."""
     return self.distill.endswith("_full")
-
-  def _draft_store(self) -> replay.DraftStore:
-    return replay.draft_store(len(self.examples), self.num_samples, self.sampling_config.max_new_tokens)
 
   def buffer_example(self) -> RolloutBatch:
     """The group shape stored in the replay buffer (prompts padded to max_prompt_len's bucket)."""
@@ -232,7 +240,7 @@ class RolloutPipeline:
     refill = 0
     ref_state = state.ref
     partial_state = state.partial
-    aux = {"arrol": state.arrol, "drafts": state.drafts, "window": state.window,   # threaded through _generate
+    aux = {"arrol": state.arrol, "generator": state.generator, "window": state.window,   # threaded through _generate
            "anchor": ref_params}
     while self.partial is not None:  # APRIL: one over-provisioned, early-stopped generation
       part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, version, key, stats)
@@ -314,7 +322,7 @@ class RolloutPipeline:
         "rollouts": float(stats.get("rollouts")),
     })
     return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state, partial=partial_state,
-                                arrol=aux["arrol"], drafts=aux["drafts"], window=aux["window"]), info
+                                arrol=aux["arrol"], generator=aux["generator"], window=aux["window"]), info
 
   # -- stages ------------------------------------------------------------------------------------
   def _sample(self, params, ids, mask, key, conf, cfg=None):
@@ -352,28 +360,6 @@ class RolloutPipeline:
     h_sel = np.take_along_axis(h.reshape(B, M, -1), sel[..., None], axis=1)
     return out, h_sel, np.take_along_axis(p, sel, axis=1)
 
-  def _sample_speculative(self, params, ids, mask, idx, key, draft_state, version: int, stats: "_Stats"):
-    """SPEC-RL: the prompts' previous rollouts as drafts; returns (out, tokens decoded, new draft state)."""
-    store = self._draft_store()
-    d_ids, d_mask, d_lp, valid = store.get(draft_state, idx)
-    conf = self.sampling_config
-    if valid.any():
-      out, s = sampling.speculative_sample(self.cfg, params, ids, mask, key, conf,
-                                           drafts=sampling.Drafts(d_ids, d_mask, d_lp),
-                                           lenience=self.spec_lenience, residual=False)
-      out = jax.device_get(out)
-      decoded = s["generated_tokens"] + s["rejected_rows"]   # a replacement token per rejected row
-      stats.add("spec/draft_tokens", s["draft_tokens"])
-      stats.add("spec/accepted_tokens", s["accepted_tokens"])
-      stats.add("spec/fully_accepted_rows", s["fully_accepted_rows"])
-      stats.add("rollout/decode_steps", s["decode_steps"])
-    else:
-      out = self._sample(params, ids, mask, key, conf)
-      decoded = int(np.asarray(out.lengths).sum())
-      stats.add("rollout/decode_steps", int(np.asarray(out.lengths).max(initial=0)))
-    new_state = store.put(draft_state, idx, out.completion_ids, out.completion_mask, out.logprobs, version)
-    return out, decoded, new_state
-
   def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", aux: dict,
                 version: int):
     """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the generation state).
@@ -381,7 +367,7 @@ class RolloutPipeline:
     `params` are the policy after `version` updates (the tag of every token it generates).
     """
     aux = dict(aux)
-    decoded = None
+    own = False   # whether the configured generator made this batch
     idx = np.asarray(plan.indices)
     examples = [self.examples[int(i)] for i in idx]
     ids, mask = self.prompter(examples)
@@ -408,27 +394,27 @@ class RolloutPipeline:
       stats.add("rollouts", float(M * len(idx)))
       stats.add("generated_tokens", float(np.asarray(pool.lengths).sum()))
     else:
+      prompts = rollout.Prompts(ids=np.asarray(ids, np.int32), mask=np.asarray(mask, bool), index=idx.astype(np.int32))
+      gstats = {}
       if self.prune:
         out, h_sel, p_sel = self._sample_pruned(params, np.asarray(ids), np.asarray(mask), key, aux["arrol"], stats)
-      elif self.tree is not None:
-        out, tinfo = sampling.tree_sample(self.cfg, params, ids, mask, key, self.sampling_config, self.tree)
-        out, tinfo = jax.device_get((out, tinfo))
-        decoded = int(np.asarray(tinfo.generated_tokens).sum())
-        stats.add("tree/branches", float(np.asarray(tinfo.num_branches).sum()))
-        stats.add("tree/leaves", float(np.asarray(tinfo.leaf_mask).sum()))
-      elif self.speculative:
-        out, decoded, aux["drafts"] = self._sample_speculative(params, ids, mask, idx, key, aux["drafts"], version,
-                                                               stats)
+        batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=version)
+      elif self.tree is not None:   # (its node advantages, below, need the tree's shape)
+        batch, tinfo, gstats = rollout_tree.tree_rollouts(self.generator_context, self.tree, params, prompts, key,
+                                                         version=version)
+      elif aux.get("window") is not None:   # ESR / ADWIN: only the first `window` tokens
+        stats.add("distill/window", float(aux["window"]))
+        out = self._sample(params, ids, mask, key, self.sampling_config.replace(max_new_tokens=int(aux["window"])))
+        batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=version)
+        gstats = rollout.generators.decode_stats(batch)
       else:
-        conf = self.sampling_config
-        if aux.get("window") is not None:   # ESR / ADWIN: only the first `window` tokens
-          conf = conf.replace(max_new_tokens=int(aux["window"]))
-          stats.add("distill/window", float(aux["window"]))
-        out = self._sample(params, ids, mask, key, conf)
-        stats.add("rollout/decode_steps", int(np.asarray(out.lengths).max(initial=0)))
-      batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=version)
-      if self.tree is not None:   # rows that ended as no leaf carry nothing
-        batch = batch.replace(sample_mask=np.asarray(tinfo.leaf_mask, bool))
+        batch, aux["generator"], gstats = self.generator.generate(aux["generator"], params, prompts, key,
+                                                                version=version)
+        own = True
+      gstats = dict(gstats)
+      decoded = gstats.pop("generated_tokens", None)
+      for k, v in gstats.items():
+        stats.add(k, v)
       stats.add("time/sample", time.perf_counter() - t0)
       second = None
       if self.scorer.needs_second_view:
@@ -448,8 +434,6 @@ class RolloutPipeline:
           aux["window"] = self._adwin_probe(params, ids, mask, idx, int(aux["window"]), jax.random.fold_in(key, 6),
                                             stats)
       if self.tree is not None:
-        batch = batch.replace(confidence=np.asarray(advantages.mean_token_confidence(
-            jnp.asarray(tinfo.confidence), jnp.asarray(batch.completion_mask)), np.float32))
         batch = batch.replace(token_advantages=np.asarray(advantages.tree_node_advantages(
             jnp.asarray(r), jnp.asarray(tinfo.split), jnp.asarray(tinfo.leaf_mask),
             jnp.asarray(batch.completion_mask)), np.float32))
@@ -474,7 +458,11 @@ class RolloutPipeline:
       budget_mask = np.concatenate([budget_mask, np.ones((budget_mask.shape[0], self.external_samples), bool)], 1)
     if batch.prompt_ids.shape[0] != budget_mask.shape[0]:   # two views: both follow the plan's budget
       budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))
-    return batch.replace(sample_mask=batch.sample_mask & budget_mask), aux
+    batch = batch.replace(sample_mask=batch.sample_mask & budget_mask)
+    if own:   # the generator learns from its scored groups (the first view's)
+      first = batch if batch.prompt_ids.shape[0] == len(idx) else batch.take(np.arange(len(idx)))
+      aux["generator"] = self.generator.update(aux["generator"], first, version=version)
+    return batch, aux
 
   def _generate_partial(self, params, ctl, pstate, version: int, key: jax.Array, stats: "_Stats"):
     """APRIL: B finished, scored groups; unfinished and surplus groups go back to the store.

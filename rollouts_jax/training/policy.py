@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from rollouts_jax import data as data_lib
 from rollouts_jax import filelock
 from rollouts_jax import models, tasks
+from rollouts_jax.models import gguf
 from rollouts_jax.training.config import DataConfig, ModelSectionConfig, SFTConfig, TokenizerConfig
 from rollouts_jax.training.sft import tokenize_pairs, train_sft
 
@@ -36,6 +37,7 @@ def model_config(m: ModelSectionConfig, tokenizer) -> models.ModelConfig:
       intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
       num_kv_heads=m.num_kv_heads, rope_theta=m.rope_theta, tie_word_embeddings=m.tie_word_embeddings,
       qkv_bias=m.model_type == "qwen2", qk_norm=m.model_type == "qwen3", remat=m.remat,
+      compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype,
       eos_token_ids=(tokenizer.eos_id,), pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.bos_id,
       max_position_embeddings=1024)
 
@@ -44,15 +46,34 @@ def make_tokenizer(tok: TokenizerConfig, m: ModelSectionConfig):
   if tok.kind == "char":
     return data_lib.CharTokenizer.load(tok.path) if tok.path else data_lib.CharTokenizer.default()
   if tok.path:
-    return data_lib.load_tokenizer(tok.path)
-  if tok.kind == "hf" and m.hf_path:
-    return data_lib.HFTokenizer.from_dir(m.hf_path)
-  raise ValueError(f"Config key tokenizer.kind={tok.kind!r} needs tokenizer.path (or model.hf_path for 'hf').")
+    return data_lib.load_tokenizer(gguf.resolve_path(tok.path) if tok.kind == "gguf" else tok.path)
+  if m.init == "gguf" and m.path:
+    return data_lib.HFTokenizer.from_gguf(gguf.resolve_path(m.path))
+  if tok.kind == "hf" and m.path:
+    return data_lib.HFTokenizer.from_dir(m.path)
+  raise ValueError(f"Config key tokenizer.kind={tok.kind!r} needs tokenizer.path (or model.path for 'hf').")
+
+
+def fit_vocabulary(cfg: models.ModelConfig, tokenizer) -> models.ModelConfig:
+  """A checkpoint's config made to sample only ids the tokenizer can decode, and to stop on every
+  end-of-turn id (a chat model's end-of-turn token as well as EOS)."""
+  if tokenizer.vocab_size > cfg.vocab_size:
+    raise ValueError(f"The tokenizer has {tokenizer.vocab_size} ids but the model only {cfg.vocab_size} "
+                     "embedding rows: they do not belong together.")
+  if tokenizer.vocab_size < cfg.vocab_size:   # a padded embedding (e.g. Qwen's 151,936 rows for 151,665 ids)
+    cfg = cfg.replace(vocab_limit=tokenizer.vocab_size)
+  eos = tuple(dict.fromkeys(tuple(cfg.eos_token_ids) + tuple(tokenizer.end_of_turn_ids)))
+  return cfg.replace(eos_token_ids=eos)
 
 
 def warm_start_key(data: DataConfig, tok: TokenizerConfig, m: ModelSectionConfig, sft: SFTConfig, seed: int) -> str:
   """A hash of everything that changes the warm start (not where files live, not logging)."""
-  parts = {"data": dataclasses.asdict(data), "tokenizer": dataclasses.asdict(tok), "model": dataclasses.asdict(m),
+  model = dataclasses.asdict(m)
+  for key in ("compute_dtype", "activation_dtype"):   # defaults leave earlier warm starts' keys as they were
+    if not model[key]:
+      model.pop(key)
+  model["hf_path"] = model.pop("path")   # the key's name before model.path held GGUF files too
+  parts = {"data": dataclasses.asdict(data), "tokenizer": dataclasses.asdict(tok), "model": model,
            "sft": {k: v for k, v in dataclasses.asdict(sft).items() if k not in ("cache_dir", "log_every")},
            "seed": seed}
   for k in ("data_dir", "manual_dir"):
@@ -98,16 +119,20 @@ def warm_start(task: tasks.Task, train_examples: Sequence[dict], *, data: DataCo
     return built["cfg"], built["params"], built["tokenizer"], folder
   tokenizer = data_lib.load_tokenizer(folder / "tokenizer.json")
   cfg, params = models.load_hf_checkpoint(folder, dtype=dtype)
-  return cfg.replace(remat=m.remat), params, tokenizer, folder
+  return cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype), params, tokenizer, folder
 
 
 def load_policy(task: tasks.Task, train_examples: Sequence[dict], *, data: DataConfig, tok: TokenizerConfig,
                 m: ModelSectionConfig, sft: SFTConfig, seed: int, log_fn=None) -> tuple[Any, Any, Any]:
   """(cfg, params, tokenizer) of the configured initial policy."""
   dtype = jnp.dtype(m.dtype)
-  if m.init == "hf":
-    cfg, params = models.load_hf_checkpoint(m.hf_path, dtype=dtype)
-    return cfg.replace(remat=m.remat), params, make_tokenizer(tok, m)
+  if m.init in ("hf", "gguf"):
+    if m.init == "hf":
+      cfg, params = models.load_hf_checkpoint(m.path, dtype=dtype)
+    else:
+      cfg, params = models.load_gguf(gguf.resolve_path(m.path), dtype=dtype)
+    tokenizer = make_tokenizer(tok, m)
+    return fit_vocabulary(cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype), tokenizer), params, tokenizer
   if m.init == "random":
     tokenizer = make_tokenizer(tok, m)
     cfg = model_config(m, tokenizer)

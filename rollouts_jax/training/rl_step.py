@@ -9,7 +9,8 @@ the batch carries: cluster ids, sequence log-probs, reference rewards); the poli
 runs over micro-batches of rows (so large N fits), gradients are accumulated per
 minibatch, and each minibatch is one optimizer update; `ppo_epochs` passes are made
 over the batch. A non-finite loss or gradient skips the update (params and optimizer
-state stay as they were) and is reported in the metrics.
+state stay as they were) and is reported in the metrics, as is the gap between the
+sampler's log-probs and the trainer's.
 """
 
 from __future__ import annotations
@@ -89,9 +90,11 @@ def advantage_transform(rl: RLConfig) -> advantages_lib.AdvantageTransform:
 
 
 def completion_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array, mask_RxL: jax.Array,
-                        prompt_len: int, temperature: float = 1.0):
-  """Log-probs and entropies of tokens [prompt_len:] (see `models.token_logprobs`)."""
-  return models.token_logprobs(cfg, params, tokens_RxL, mask_RxL, prompt_len, temperature=temperature)
+                        prompt_len: int, temperature: float = 1.0, chunk: int = 0):
+  """Log-probs and entropies of tokens [prompt_len:] (see `models.token_logprobs`; `chunk`: positions
+  per chunk of the output head, 0 = all at once)."""
+  return models.token_logprobs(cfg, params, tokens_RxL, mask_RxL, prompt_len, temperature=temperature,
+                               chunk=chunk)
 
 
 def _rows(r: RolloutBatch):
@@ -113,35 +116,37 @@ def _split(x, n):
   return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
 
-def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro, temperature, vocab=False):
+def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro, temperature, vocab=False, chunk=0):
   """Rows' completion log-probs [R, T] (or over the vocabulary, [R, T, V]), n_micro scan steps, no gradient."""
   def body(_, xs):
     if vocab:
       return None, models.vocab_logprobs(cfg, params, xs[0], xs[1], P, temperature=temperature)
-    lp, _ = completion_logprobs(cfg, params, xs[0], xs[1], P, temperature)
+    lp, _ = completion_logprobs(cfg, params, xs[0], xs[1], P, temperature, chunk)
     return None, lp
   _, lp = jax.lax.scan(body, None, (_split(tokens, n_micro), _split(attn, n_micro)))
   return jax.lax.stop_gradient(lp.reshape((-1,) + lp.shape[2:]))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows", "vocab"))
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows", "vocab", "chunk"))
 def batch_logprobs(params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
                    completion_mask: jax.Array, *, cfg: ModelConfig, temperature: float = 1.0,
-                   micro_rows: int = 0, vocab: bool = False) -> jax.Array:
+                   micro_rows: int = 0, vocab: bool = False, chunk: int = 0) -> jax.Array:
   """Log-probs [B, N, T] of a batch's completion tokens under `params` (no gradient; 0 off the mask).
 
   The trainer's own numerics for a given policy: the "old logits" of a stale batch under the
   version that generated it, or under a proximal policy (`training.async_rollouts`). With
   `vocab`, the log-probs over the whole vocabulary at those positions, [B, N, T, V] (the
   teacher's side of full-vocabulary distillation, `losses.full_reverse_kl`).
-  `micro_rows` rows go through the model at a time (0: all B * N; it must divide B * N).
+  `micro_rows` rows go through the model at a time (0: all B * N; it must divide B * N), and
+  `chunk` completion positions through the output head at a time (0: all; not with `vocab`).
   """
   tokens, attn = teacher_forced_rows(prompt_ids, prompt_mask, completion_ids)
   R = tokens.shape[0]
   micro = micro_rows or R
   if R % micro:
     raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
-  lp = _no_grad_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature, vocab=vocab)
+  lp = _no_grad_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature, vocab=vocab,
+                         chunk=chunk)
   lp = lp.reshape(completion_ids.shape + lp.shape[2:])
   return jnp.where(completion_mask.reshape(completion_mask.shape + (1,) * (lp.ndim - 3)), lp, 0.0)
 
@@ -190,7 +195,13 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     max_len: the generation budget, the constant divisor of "seq-mean-token-sum-norm"
       (static; 0: the batch width).
   Returns:
-    (new state, metrics): scalars averaged over the updates of this step.
+    (new state, metrics): scalars averaged over the updates of this step, and
+    `mismatch_mean` / `mismatch_max` / `mismatch_frac_gt_0.1` (`logprob_mismatch`): the batch's
+    behaviour log-probs against the trainer's under the params before this step's update.
+
+  With `rl.logprob_chunk` = C > 0 every log-prob pass sends the completion positions through
+  the output head C at a time (`models.scoring.hidden_logprobs`): at most [rows, C, V] logits
+  in the forward and the backward.
   """
   tx = rl_optimizer(rl)
   B, N, T = rollouts.completion_ids.shape
@@ -222,17 +233,27 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   micro = rl.micro_batch_size or rows_per_mb
   n_micro = rows_per_mb // micro
   one_update = rl.ppo_epochs * M == 1
+  chunk = rl.logprob_chunk
   if rollouts.old_logprobs is not None:
     old_lp = rollouts.old_logprobs.reshape(R, T)
   elif one_update:
     old_lp = None  # the policy that sampled is the one being updated: ratio 1 by construction
   else:
-    old_lp = _no_grad_logprobs(cfg, state.params, tokens, attn, P, R // micro, temperature)
+    old_lp = _no_grad_logprobs(cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk)
+  # The trainer's log-probs of the batch's tokens under the params before this update, which the
+  # sampler's are compared with. With one minibatch they come from the first epoch's forward
+  # passes (no extra cost); else from the old log-probs computed above from the same params.
+  # A batch's own old_logprobs are not used: they may be another policy's (a moving average) or
+  # the sampler's own (replay), so with several minibatches they cost one more forward.
+  trainer_lp = None
+  if M > 1:
+    trainer_lp = old_lp if rollouts.old_logprobs is None else _no_grad_logprobs(
+        cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk)
   ref_lp = None
   if rl.kl_coef > 0:
     if ref_params is None:
       raise ValueError("rl.kl_coef > 0 needs ref_params.")
-    ref_lp = _no_grad_logprobs(cfg, ref_params, tokens, attn, P, R // micro, temperature)
+    ref_lp = _no_grad_logprobs(cfg, ref_params, tokens, attn, P, R // micro, temperature, chunk=chunk)
 
   def micro_loss(params, mb, totals):
     if full_kl:   # one forward gives the vocabulary log-probs, the sampled token's and the entropy
@@ -241,7 +262,7 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
       total = losses.distill.DIRECTIONS[rl.distill_kl](logp, mb["teacher"], mb["mask"], agg=rl.agg, max_len=max_len)
       m = {"distill_kl": total, "ratio_max": jnp.ones(()), "ratio_min": jnp.ones(())}
     else:
-      lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature)
+      lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature, chunk)
       old = jax.lax.stop_gradient(lp) if mb.get("old") is None else mb["old"]
       common = dict(agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=max_len,
                     rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None,
@@ -263,7 +284,8 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
       total = total - rl.entropy_coef * ent_mean
     m["policy_entropy"] = ent_mean
     w = _weight(mb["mask"], *totals, rl.agg)
-    return total * w, {k: v * w for k, v in m.items()} | {"ratio_max": m["ratio_max"], "ratio_min": m["ratio_min"]}
+    m = {k: v * w for k, v in m.items()} | {"ratio_max": m["ratio_max"], "ratio_min": m["ratio_min"]}
+    return total * w, (m, jax.lax.stop_gradient(lp))
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
 
@@ -284,17 +306,17 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
 
     def acc(carry, xs):
       g_sum, m_sum = carry
-      g, m = grad_fn(st.params, xs, totals)
+      g, (m, lp) = grad_fn(st.params, xs, totals)
       m_new = {k: (jnp.maximum(m_sum[k], v) if k == "ratio_max" else
                    jnp.minimum(m_sum[k], v) if k == "ratio_min" else m_sum[k] + v) for k, v in m.items()}
-      return (jax.tree_util.tree_map(jnp.add, g_sum, g), m_new), None
+      return (jax.tree_util.tree_map(jnp.add, g_sum, g), m_new), lp
 
     m_shape = jax.eval_shape(lambda: grad_fn(st.params, jax.tree_util.tree_map(lambda x: x[0], micro_batches),
-                                             totals)[1])
+                                             totals)[1][0])
     m0 = {k: (jnp.full((), -jnp.inf) if k == "ratio_max" else jnp.full((), jnp.inf) if k == "ratio_min"
               else jnp.zeros((), v.dtype)) for k, v in m_shape.items()}
     g0 = jax.tree_util.tree_map(jnp.zeros_like, st.params)
-    (grads, m), _ = jax.lax.scan(acc, (g0, m0), micro_batches)
+    (grads, m), lp = jax.lax.scan(acc, (g0, m0), micro_batches)
     grad_norm = optax.global_norm(grads)
     loss = m["distill_kl" if full_kl else "pg_loss"] + (rl.kl_coef * m["kl"] if rl.kl_coef > 0 else 0.0)
     ok = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
@@ -304,12 +326,14 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     st = TrainState(step=st.step + ok.astype(jnp.int32), params=keep(new_params, st.params),
                     opt_state=keep(new_opt, st.opt_state))
     m = dict(m, loss=loss, grad_norm=grad_norm, nonfinite=(~ok).astype(jnp.float32))
-    return st, m
+    return st, (m, lp.reshape(rows_per_mb, T))
 
   all_metrics = []
-  for _ in range(rl.ppo_epochs):
-    state, m = jax.lax.scan(minibatch_update, state, jnp.arange(M))
+  for epoch in range(rl.ppo_epochs):
+    state, (m, lp) = jax.lax.scan(minibatch_update, state, jnp.arange(M))
     all_metrics.append(m)
+    if epoch == 0 and M == 1:   # the only minibatch of the first epoch: the params before the update
+      trainer_lp = lp.reshape(R, T)
   stacked = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *all_metrics)
   metrics = {k: (jnp.max(v) if k in ("ratio_max", "nonfinite") else jnp.min(v) if k == "ratio_min"
                  else jnp.mean(v)) for k, v in stacked.items()}
@@ -318,4 +342,25 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
       jnp.sum(sample_mask_BxN), 1)
   metrics["tokens_in_loss"] = jnp.sum(loss_mask_RxT).astype(jnp.float32)
   metrics["groups"] = jnp.sum(jnp.any(valid, axis=1)).astype(jnp.float32)
+  metrics.update(logprob_mismatch(rollout_lp, trainer_lp, loss_mask_RxT))
   return state, metrics
+
+
+def logprob_mismatch(sampler_lp: jax.Array, trainer_lp: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+  """How far the sampler's log-probs of its tokens are from the trainer's, over the tokens of `mask`.
+
+  {"mismatch_mean": mean |diff|, "mismatch_max": max |diff|, "mismatch_frac_gt_0.1": the fraction
+  of tokens with |diff| > 0.1} (0 without tokens). In the update, `trainer_lp` is under the params
+  before it: for a batch the trained policy sampled, this is the engines' numerical gap; for one
+  of another policy (an FP4 explorer, replayed or stale groups, partial rollouts) it includes the
+  gap between the policies.
+
+  >>> m = logprob_mismatch(jnp.array([[-1.0, -2.0, 0.0]]), jnp.array([[-1.05, -2.5, -9.0]]),
+  ...                      jnp.array([[True, True, False]]))
+  >>> [round(float(m[k]), 4) for k in ("mismatch_mean", "mismatch_max", "mismatch_frac_gt_0.1")]
+  [0.275, 0.5, 0.5]
+  """
+  diff = jnp.where(mask, jnp.abs(sampler_lp.astype(jnp.float32) - trainer_lp.astype(jnp.float32)), 0.0)
+  count = jnp.maximum(jnp.sum(mask), 1).astype(jnp.float32)
+  return {"mismatch_mean": jnp.sum(diff) / count, "mismatch_max": jnp.max(diff, initial=0.0),
+          "mismatch_frac_gt_0.1": jnp.sum(mask & (diff > 0.1)).astype(jnp.float32) / count}

@@ -63,6 +63,7 @@ LOOP_ONLY_KEYS: tuple[str, ...] = (
     "mesh.*",                  # placement: the same computation on other devices
     "model.remat",             # recomputation instead of storage: the same values
     "rl.micro_batch_size",     # gradient accumulation: the same update, other memory
+    "rl.logprob_chunk",        # the output head over chunks of positions: the same values, other memory
     "data.data_dir", "data.manual_dir", "sft.cache_dir",  # where files live, not what they hold
 )
 
@@ -168,11 +169,38 @@ _ABSENT = object()
 
 
 def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any], *, exclude: Iterable[str] = ()) -> list[str]:
-  """``["key: old -> new", ...]`` over the result-affecting keys that differ (sorted)."""
+  """``["key: old -> new", ...]`` over the result-affecting keys that differ (sorted).
+
+  A key that exists on one side only (a setting added or removed by a newer version of the
+  library) is a change only when its value there is not the "off" value: the default of a
+  new key (``rl.logprob_chunk: 0``), or an empty / zero / false value of a removed one, is what
+  the older run did, so the run still resumes.
+
+  >>> config_changes({"rl": {"lr": 1}}, {"rl": {"lr": 1, "new_knob": 0}})
+  []
+  >>> config_changes({"rl": {"lr": 1}}, {"rl": {"lr": 1, "new_knob": 4}})
+  ['rl.new_knob: <absent> -> 4']
+  """
   _, a = config_fingerprint(saved, exclude=exclude)
   _, b = config_fingerprint(new, exclude=exclude)
+  defaults = _default_flat()
+
+  def same(k):
+    x, y = a.get(k, _ABSENT), b.get(k, _ABSENT)
+    if x is _ABSENT or y is _ABSENT:
+      present = y if x is _ABSENT else x
+      return present == defaults.get(k, _ABSENT) or present in ("", 0, False, None, [])
+    return x == y
+
   return [f"{k}: {_show(a.get(k, _ABSENT))} -> {_show(b.get(k, _ABSENT))}"
-          for k in sorted(set(a) | set(b)) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+          for k in sorted(set(a) | set(b)) if not same(k)]
+
+
+def _default_flat() -> dict[str, Any]:
+  """The flat default experiment config (what a key absent from an older config.json meant)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  return _flatten(_plain(dataclasses.asdict(config_lib.ExperimentConfig())))
 
 
 def _write_json_atomic(path: pathlib.Path, data: Any) -> None:

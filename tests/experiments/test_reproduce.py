@@ -166,7 +166,7 @@ def test_smoke_form_of_every_study(tmp_path, monkeypatch):
   for name in rp.STUDIES:
     config = json.loads((tmp_path / "runs" / "smoke" / name / rp.STUDIES[name].arms[0] / "seed0" /
                          "config.json").read_text())
-    assert config["model"]["hf_path"] == str(warm)         # the shared warm start, not an SFT per study
+    assert config["model"]["path"] == str(warm)         # the shared warm start, not an SFT per study
 
 
 def test_persistent_compile_cache_is_written_and_the_settings_restored(tmp_path):
@@ -195,4 +195,4 @@ def test_smoke_form_of_every_arm_with_each_study_s_sft_warm_start(tmp_path, monk
   for name in rp.STUDIES:
     config = json.loads((tmp_path / "runs" / "smoke" / name / rp.STUDIES[name].arms[0] / "seed0" /
                          "config.json").read_text())
-    assert "warmstart" in config["model"]["hf_path"]      # the study's own SFT warm start
+    assert "warmstart" in config["model"]["path"]      # the study's own SFT warm start

@@ -4,14 +4,14 @@ import jax
 import numpy as np
 import pytest
 
-from rollouts_jax import models, replay
+from rollouts_jax import models, replay, rollout
 from rollouts_jax.training import config as config_lib
 
 from tests.pipeline.test_stages import EXAMPLES, _exp, _pipeline
 
 
 def _spec_exp(**kw):
-  return _exp(rollout={"num_samples": 4, "max_new_tokens": 12, "speculative": "spec_rl", **kw})
+  return _exp(rollout={"num_samples": 4, "max_new_tokens": 12, "generator": "spec_rl", **kw})
 
 
 def test_second_epoch_reuses_drafts_and_decodes_less():
@@ -24,7 +24,7 @@ def test_second_epoch_reuses_drafts_and_decodes_less():
     assert "spec/draft_tokens" not in info
     for g, i in enumerate(np.asarray(batch.prompt_index)):
       first[int(i)] = (np.asarray(batch.completion_ids)[g], np.asarray(batch.completion_mask)[g])
-  assert set(first) == set(range(8)) and bool(np.asarray(state.drafts.valid).all())
+  assert set(first) == set(range(8)) and bool(np.asarray(state.generator.valid).all())
   # Epoch 2 under the same policy: every draft token is accepted, nothing is decoded.
   batch, state2, info = p.collect(state, params, 2, jax.random.key(2))
   assert info["spec/draft_tokens"] > 0 and info["spec/accepted_tokens"] == info["spec/draft_tokens"]
@@ -39,7 +39,7 @@ def test_second_epoch_reuses_drafts_and_decodes_less():
   # (Random tiny policies are near uniform, so any two stay within e^0.5 of each other and the
   # default lenience accepts everything: exact acceptance, l = 1, here.)
   moved = models.init_params(p.cfg, jax.random.key(9))
-  p.spec_lenience = 1.0
+  p.generator = rollout.build("spec_rl", p.generator_context, lenience=1.0)   # (the same draft store)
   batch, _, info = p.collect(state, moved, 2, jax.random.key(2))
   assert 0 < info["spec/accepted_tokens"] < info["spec/draft_tokens"]
   assert 0 < info["generated_tokens"] < np.asarray(batch.lengths).sum()
@@ -54,9 +54,10 @@ def test_draft_store_round_trip_and_config_errors():
   assert valid.tolist() == [True, False, False] and int(np.asarray(s.version)[3]) == 4
   assert mask[0, :, :3].all() and not mask[0, :, 3].any() and not mask[1:].any()
   assert (ids[0, :, :3] == 7).all() and (lp[0, :, :3] == -.5).all()
-  with pytest.raises(ValueError, match="rollout.speculative"):
-    config_lib.validate(_exp(rollout={"speculative": "spec"}))
-  with pytest.raises(ValueError, match="rollout.spec_lenience"):
-    config_lib.validate(_exp(rollout={"speculative": "spec_rl", "spec_lenience": 0.0}))
+  with pytest.raises(ValueError, match="rollout.generator.*'spec'.*spec_rl"):
+    config_lib.validate(_exp(rollout={"generator": "spec"}))
+  p, _ = _pipeline(_spec_exp())
+  with pytest.raises(ValueError, match="rollout.generator_kwargs.*'lenience'"):
+    rollout.build("spec_rl", p.generator_context, lenience=0.0)
   with pytest.raises(ValueError, match="control.prune"):
-    config_lib.validate(_exp(rollout={"speculative": "spec_rl"}, control={"prune": "arrol"}))
+    config_lib.validate(_exp(rollout={"generator": "spec_rl"}, control={"prune": "arrol"}))

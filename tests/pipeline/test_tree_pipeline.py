@@ -14,7 +14,7 @@ KW = "init_rows=1,entropy_min=0.3,min_depth=1,min_gap=2,width_h_low=0.1,width_h_
 
 
 def test_tree_batch_shares_prefixes_and_carries_node_advantages():
-  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 10, "generator": "tree", "tree_kwargs": KW})
+  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 10, "generator": "tree", "generator_kwargs": KW})
   p, params = _pipeline(exp)
   batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
   B, N, T = batch.completion_ids.shape
@@ -38,7 +38,7 @@ def test_tree_batch_shares_prefixes_and_carries_node_advantages():
 
 @pytest.mark.parametrize("rollout,extra,match", [
     ({"generator": "forest"}, {}, "rollout.generator"),
-    ({"generator": "tree", "tree_kwargs": "branches=3"}, {}, "rollout.tree_kwargs"),
+    ({"generator": "tree", "generator_kwargs": "branches=3"}, {}, "rollout.generator_kwargs.*'branches'"),
     ({"generator": "tree"}, {"replay": {"name": "fifo"}}, "replay.name"),
 ])
 def test_tree_config_errors_name_the_key(rollout, extra, match):

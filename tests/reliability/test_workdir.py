@@ -28,7 +28,7 @@ BASE = {  # the shape of dataclasses.asdict(ExperimentConfig()): nested plain di
     "data": {"task": "arithmetic", "data_dir": "", "manual_dir": "", "num_train": 20000},
     "model": {"hidden_size": 128, "num_layers": 3, "remat": False},
     "sft": {"steps": 300, "cache_dir": "", "log_every": 50},
-    "rl": {"steps": 350, "learning_rate": 0.00015, "micro_batch_size": 0, "kl_coef": 0.0},
+    "rl": {"steps": 350, "learning_rate": 0.00015, "micro_batch_size": 0, "logprob_chunk": 0, "kl_coef": 0.0},
     "reward": {"name": "arithmetic", "timeout_s": 5.0, "num_workers": 0},
     "eval": {"every": 0, "num_examples": 500, "k": 4, "batch_size": 100},
     "checkpoint": {"every": 10, "keep": 2},
@@ -74,7 +74,7 @@ def test_loop_only_settings_may_change(tmp_path):
   wd.check_workdir_config(tmp_path, _exp())
   rerun = _exp(**{"eval.every": 7, "checkpoint.every": 3, "checkpoint.keep": 9, "stop_after_step": 4,
                   "reward.num_workers": 6, "reward.timeout_s": 30.0, "sft.log_every": 1,
-                  "mesh.shape": [2, 1, 1], "rl.micro_batch_size": 4})
+                  "mesh.shape": [2, 1, 1], "rl.micro_batch_size": 4, "rl.logprob_chunk": 8})
   assert wd.config_fingerprint(rerun)[0] == wd.config_fingerprint(_exp())[0]
   result = wd.check_workdir_config(tmp_path, rerun)
   assert result["status"] == "same" and result["changes"] == []

@@ -68,7 +68,8 @@ def test_killed_run_resumes_to_the_same_params(name, cache, tmp_path, monkeypatc
   assert (tmp_path / "full" / "plots").is_dir() and list((tmp_path / "full" / "plots").glob("*.png"))
   assert list((tmp_path / "full" / "tb").glob("events.out.tfevents.*"))
   for key in ("reward_mean", "accuracy", "response_length", "entropy", "grad_norm", "clip_frac_low",
-              "tokens_per_s", "time/sample", "time/update"):
+              "tokens_per_s", "time/sample", "time/update", "mismatch_mean", "mismatch_max",
+              "mismatch_frac_gt_0.1"):
     assert key in rows[1], key
 
 

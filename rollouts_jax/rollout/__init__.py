@@ -1,0 +1,23 @@
+"""The rollout step's stages above the sampling primitives; today GENERATE's registry.
+
+    from rollouts_jax import rollout
+    gen = rollout.build("spec_rl", rollout.GeneratorContext(cfg, sampling_config, num_prompts), lenience=1.6)
+    gs = gen.init()
+    batch, gs, stats = gen.generate(gs, params, rollout.Prompts(ids, mask, index), key, version=step)
+    gs = gen.update(gs, scored_batch, version=step)
+
+Each generator is one module here, registered by name (`generators.register`):
+
+>>> from rollouts_jax import rollout
+>>> rollout.names()
+['sample', 'spec_rl', 'tree']
+"""
+
+from rollouts_jax.rollout import generators
+from rollouts_jax.rollout.generators import (Generator, GeneratorContext, Prompts, build, check_kwargs, get, names,
+                                             register, setting_error)
+# The registered generators (each module registers itself on import).
+from rollouts_jax.rollout import sample, spec_rl, tree  # noqa: F401  pylint: disable=unused-import
+
+__all__ = ["Generator", "GeneratorContext", "Prompts", "build", "check_kwargs", "generators", "get", "names",
+           "register", "setting_error"]

@@ -1,0 +1,79 @@
+"""`tree`: tree rollouts (ECHO arXiv 2602.02150 / TreeRL arXiv 2506.11902), one tree of N leaves per prompt.
+
+Decoding forks a row (copying its KV cache) where the policy's entropy passes the branching
+rule, so shared prefixes are decoded once; the leaves are the samples (rows that end as no
+leaf carry `sample_mask` False) and each carries its mean token confidence. The settings are
+`sampling.TreeConfig`'s fields, in `rollout.generator_kwargs`.
+
+TreeRL's per-token node advantages need the leaves' rewards and the tree's shape together, so
+for now the training pipeline runs tree rollouts on its own path (`tree_rollouts`, which also
+returns the `sampling.TreeInfo`) and adds them after FILTER; this entry is the generator for
+every other caller and the place the settings are checked.
+
+>>> from rollouts_jax.rollout import generators
+>>> generators.check_kwargs("tree", {"branches": 3})
+Traceback (most recent call last):
+...
+ValueError: Config key rollout.generator_kwargs: generator 'tree' has no setting 'branches'; its settings: ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rollouts_jax import advantages, sampling
+from rollouts_jax.rollout import generators
+
+
+def tree_config(**settings) -> sampling.TreeConfig:
+  """The `sampling.TreeConfig` of these settings; a bad one is an error naming `rollout.generator_kwargs`."""
+  generators.check_kwargs("tree", settings)
+  try:
+    return sampling.TreeConfig(**settings)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"Config key {generators.KWARGS_KEY}: generator 'tree': {e}") from None
+
+
+def tree_rollouts(ctx: generators.GeneratorContext, tree: sampling.TreeConfig, params, prompts: generators.Prompts,
+                  key, *, version: int):
+  """(batch, TreeInfo, stats) of one tree per prompt; the batch's samples are the leaves."""
+  out, info = jax.device_get(sampling.tree_sample(ctx.cfg, params, prompts.ids, prompts.mask, key, ctx.sampling,
+                                                  tree))
+  batch = sampling.from_samples(prompts.ids, prompts.mask, out, prompt_index=prompts.index, policy_version=version)
+  leaves = np.asarray(info.leaf_mask, bool)
+  conf = advantages.mean_token_confidence(jnp.asarray(info.confidence), jnp.asarray(batch.completion_mask))
+  batch = batch.replace(sample_mask=leaves, confidence=np.asarray(conf, np.float32))
+  stats = {"generated_tokens": float(np.asarray(info.generated_tokens).sum()),
+           "tree/branches": float(np.asarray(info.num_branches).sum()), "tree/leaves": float(leaves.sum())}
+  return batch, info, stats
+
+
+def tree(ctx: generators.GeneratorContext, **settings) -> generators.Generator:
+  """Tree rollouts with `sampling.TreeConfig(**settings)`; keeps no state."""
+  conf = tree_config(**settings)
+
+  def init():
+    return None
+
+  def generate(state, params, prompts: generators.Prompts, key, *, version: int):
+    batch, _, stats = tree_rollouts(ctx, conf, params, prompts, key, version=version)
+    return batch, state, stats
+
+  def update(state, batch, *, version: int, **extra):
+    del batch, version, extra
+    return state
+
+  return generators.Generator(init, generate, update)
+
+
+# The settings are TreeConfig's fields: the signature says so, for `generators.check_kwargs`.
+tree.__signature__ = inspect.Signature(
+    [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+       for f in dataclasses.fields(sampling.TreeConfig)])
+generators.register("tree", tree)

@@ -1,0 +1,152 @@
+"""GENERATE's registry: names and settings checked with their config keys, each generator's property,
+and a generator defined here, in the test, training through the real loop with no library edit."""
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from rollouts_jax import data, models, rollout, sampling
+from rollouts_jax.training import config as config_lib
+from rollouts_jax.training import loop
+from rollouts_jax.training.metrics import read_jsonl
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TOK = data.CharTokenizer.default()
+CFG = models.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                         num_kv_heads=1, eos_token_ids=(TOK.eos_id,), pad_token_id=TOK.pad_id)
+PARAMS = models.init_params(CFG, jax.random.key(0))
+CONF = sampling.SamplingConfig(num_samples=4, max_new_tokens=12, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+CTX = rollout.GeneratorContext(cfg=CFG, sampling=CONF, num_prompts=6)
+
+
+def _prompts(index):
+  ids, mask = data.pad_left([TOK.encode(f"{i}+{i}=") for i in index], (8,), pad_id=TOK.pad_id)
+  return rollout.Prompts(ids=np.asarray(ids, np.int32), mask=np.asarray(mask, bool), index=np.asarray(index, np.int32))
+
+
+def _exp(**rollout_section):
+  return config_lib.from_config_dict({"data": {"task": "arithmetic", "difficulty": 2},
+                                      "rollout": {"num_samples": 4, "max_new_tokens": 8, **rollout_section},
+                                      "control": {"prompts_per_step": 4}, "reward": {"num_workers": 0}})
+
+
+# ------------------------------------------------------------------------------------ registry
+
+def test_names_and_settings_are_checked_with_their_config_keys():
+  assert rollout.names()[0] == "sample" and {"spec_rl", "tree"} <= set(rollout.names())
+  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, spec_rl"):
+    _exp(generator="beam")
+  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'"):
+    rollout.build("beam", CTX)
+  # A setting the generator does not take: at validation (before any warm start) and at build.
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'spec_rl'.*'lenient'.*lenience"):
+    _exp(generator="spec_rl", generator_kwargs="lenient=2.0")
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'sample'.*'temperature'"):
+    rollout.build("sample", CTX, temperature=0.5)
+  # A bad value: the factory's own check, when built (before anything compiles).
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'spec_rl'.*'lenience'.*> 0"):
+    rollout.build("spec_rl", CTX, lenience=-1.0)
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'tree'.*branch_tokens"):
+    rollout.build("tree", CTX, branch_tokens="widest")
+  assert _exp(generator="spec_rl", generator_kwargs="lenience=1.0").rollout.generator == "spec_rl"
+  with pytest.raises(ValueError, match="already registered"):
+    rollout.register("sample", lambda ctx: None)
+  # A replaced key says what replaced it.
+  with pytest.raises(ValueError, match=r"rollout\.speculative is now rollout\.generator='spec_rl'"):
+    _exp(speculative="spec_rl")
+
+
+# -------------------------------------------------------------------------------- generators
+
+def test_sample_generator_is_sampling_sample_on_the_same_key():
+  gen = rollout.build("sample", CTX)
+  prompts = _prompts([0, 3, 5])
+  batch, state, stats = gen.generate(gen.init(), PARAMS, prompts, jax.random.key(7), version=3)
+  out = sampling.sample(CFG, PARAMS, prompts.ids, prompts.mask, jax.random.key(7), CONF)
+  np.testing.assert_array_equal(batch.completion_ids, out.completion_ids)
+  np.testing.assert_array_equal(batch.completion_mask, out.completion_mask)
+  np.testing.assert_array_equal(batch.behaviour_logprobs, out.logprobs)
+  assert (batch.policy_version == 3).all() and batch.prompt_index.tolist() == [0, 3, 5]
+  assert stats["generated_tokens"] == np.asarray(out.lengths).sum() and state is None
+  assert gen.update(state, batch, version=3) is None
+
+
+def test_spec_rl_second_visit_accepts_its_drafts_and_decodes_less():
+  gen = rollout.build("spec_rl", CTX)
+  prompts = _prompts([1, 4])
+  state = gen.init()
+  first, state, s1 = gen.generate(state, PARAMS, prompts, jax.random.key(0), version=0)
+  assert "spec/draft_tokens" not in s1 and s1["generated_tokens"] == np.asarray(first.lengths).sum() > 0
+  state = gen.update(state, first.replace(rewards=np.ones((2, 4), np.float32)), version=0)
+  assert np.asarray(state.valid).tolist() == [False, True, False, False, True, False]
+  # Unchanged params: the drafts are (nearly) all accepted and far fewer tokens are decoded.
+  second, _, s2 = gen.generate(state, PARAMS, prompts, jax.random.key(1), version=1)
+  assert s2["spec/draft_tokens"] == np.asarray(first.lengths).sum()
+  assert s2["spec/accepted_tokens"] >= 0.9 * s2["spec/draft_tokens"]
+  assert s2["generated_tokens"] < 0.5 * s1["generated_tokens"]
+  assert (second.policy_version == 1).all()
+  # A prompt never seen before is sampled afresh.
+  _, _, s3 = gen.generate(state, PARAMS, _prompts([2, 3]), jax.random.key(2), version=1)
+  assert "spec/draft_tokens" not in s3
+
+
+def test_tree_generator_samples_the_leaves_of_tree_sample():
+  kw = dict(init_rows=1, entropy_min=0.3, min_depth=1, min_gap=2, width_h_low=0.1, width_h_high=1.0, width_beta=0.0,
+            branch_tokens="sample", prune=False, delta_entropy_min=-10.0)
+  gen = rollout.build("tree", CTX, **kw)
+  prompts = _prompts([0, 1])
+  batch, _, stats = gen.generate(gen.init(), PARAMS, prompts, jax.random.key(3), version=0)
+  out, info = sampling.tree_sample(CFG, PARAMS, prompts.ids, prompts.mask, jax.random.key(3), CONF,
+                                   sampling.TreeConfig(**kw))
+  np.testing.assert_array_equal(batch.completion_ids, out.completion_ids)
+  np.testing.assert_array_equal(batch.sample_mask, info.leaf_mask)
+  assert stats["tree/leaves"] == np.asarray(info.leaf_mask).sum() and batch.confidence.shape == (2, 4)
+
+
+# ------------------------------------------------------- a new generator, with no library edit
+
+SEEN = []
+
+
+def greedy_marked(ctx, *, marker: float = 1.0):
+  """A toy generator: greedy completions (one per group, repeated N times), counting its updates."""
+  if marker <= 0:
+    raise rollout.setting_error("greedy_marked", "marker", f"must be > 0, got {marker}")
+  gen = rollout.build("sample", rollout.GeneratorContext(ctx.cfg, ctx.sampling.replace(greedy=True),
+                                                         ctx.num_prompts, ctx.seed))
+
+  def init():
+    return np.zeros((), np.int32)   # scored batches seen
+
+  def generate(state, params, prompts, key, *, version):
+    batch, _, stats = gen.generate(None, params, prompts, key, version=version)
+    return batch, state, dict(stats, **{"toy/marker": marker})
+
+  def update(state, batch, *, version, **extra):
+    SEEN.append((version, np.asarray(batch.rewards).shape, np.asarray(batch.completion_ids)))
+    return state + 1
+
+  return rollout.Generator(init, generate, update)
+
+
+def test_a_generator_registered_in_a_test_trains_through_the_loop(tmp_path, monkeypatch):
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  rollout.register("greedy_marked", greedy_marked, overwrite=True)
+  try:
+    cd = config_lib.load_config_file(REPO / "configs" / "default.py", "smoke")
+    cd.rollout.generator = "greedy_marked"
+    cd.rollout.generator_kwargs = "marker=2.5"
+    exp = config_lib.from_config_dict(cd)
+    SEEN.clear()
+    summary = loop.train(exp, tmp_path / "run", progress=False)
+  finally:
+    rollout.generators.REGISTRY.pop("greedy_marked")
+  assert summary["final_step"] == 1
+  rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
+  assert len(rows) == 1 and rows[0]["toy/marker"] == 2.5 and rows[0]["generated_tokens"] > 0
+  # Its update saw the step's scored groups (version 0), all N samples of each greedy and alike.
+  (version, shape, ids), = SEEN
+  B, N = exp.control.prompts_per_step, exp.rollout.num_samples
+  assert version == 0 and shape == (B, N) and (ids == ids[:, :1]).all()

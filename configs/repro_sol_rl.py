@@ -6,6 +6,7 @@ Arms, on the miniature of `configs/repro_base.py` (8 completions a prompt traine
   fp4_subset an NVFP4 copy of the policy samples 16 a prompt; the 4 best and 4 worst are
              trained on (log-probs recomputed in full precision)
   fp4_naive  8 NVFP4 samples a prompt, all trained on (no pool, no selection)
+  mxfp4_naive  8 MXFP4 samples a prompt, all trained on
 
   python experiments/train.py --config=configs/repro_sol_rl.py:fp4_subset --workdir=/tmp/repro_sol
 """
@@ -27,7 +28,8 @@ def _arm(fp4, pool):
   return edit
 
 
-ARMS = {"full": _arm("", 0), "fp4_subset": _arm("nvfp4", 16), "fp4_naive": _arm("nvfp4", 0)}
+ARMS = {"full": _arm("", 0), "fp4_subset": _arm("nvfp4", 16), "fp4_naive": _arm("nvfp4", 0),
+        "mxfp4_naive": _arm("mxfp4", 0)}
 
 
 def get_config(arg=None):

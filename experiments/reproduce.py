@@ -3,15 +3,19 @@ r"""Science in miniature: the seed papers' headline claims, rerun on small tasks
   python experiments/reproduce.py --study=mc_grpo --seeds=3
   python experiments/reproduce.py --study=mc_grpo,ttrl,uniqueness,brorl,sol_rl --stop_at=09:50
   python experiments/reproduce.py --study=all --smoke          # every study's cheapest form
+  python experiments/reproduce.py --study=real --seeds=2 --runs_dir=/data/real_runs   # on SmolLM2
 
 Each study is a set of arms (`configs/repro_STUDY.py:ARM`) run for every seed through
 `experiments/train.py`, one training process at a time, each run in its own workdir
 (`--runs_dir/STUDY/ARM/seedS`). Runs are resumable one by one: a run whose `result.json`
 exists is reused, and a killed run is started again on its workdir, which resumes it from
-its last checkpoint. Every seed of a study starts from one warm start (the config's SFT warm
-start for seed 0, passed as a local checkpoint), so seeds differ only in the RL run. Runs
-are ordered seed-major (seed 0 of every arm first), so a study stopped early has balanced
-arms.
+its last checkpoint; a run recorded in the study's results JSON (committed from another
+machine, with the config it ran) is not run again while today's config for it is the same
+(`same_config`), so a study can span sessions. Every seed of a study starts from one warm
+start (the config's SFT warm start for seed 0, passed as a local checkpoint), so seeds differ
+only in the RL run; the `real_STUDY` studies (`REAL_STUDIES`) run a miniature's arms on
+SmolLM2-135M-Instruct as shipped (`configs/repro_real_base.py`), with no warm start. Runs are
+ordered seed-major (seed 0 of every arm first), so a study stopped early has balanced arms.
 
 Writes `experiments/results/repro_STUDY.{json,md,png}` (or `--results_dir`): per arm, the
 study's metrics as mean +- spread over seeds (spread: the sample standard deviation,
@@ -190,6 +194,19 @@ def verdict_sol_rl(t):
   return d >= -2 * d_se, text
 
 
+def verdict_real_sol_rl(t):
+  parts, held = [], True
+  for arm in ("fp4_naive", "mxfp4_naive"):
+    d, d_se = _diff(t, arm, "full", "pass@1 gain")
+    if d is None:
+      return None, f"not both of full and {arm} ran"
+    gap, _ = _m(t, arm, "FP4 log-prob gap")
+    parts.append(f"{arm} - full pass@1 gain {_fmt(d)} (se {d_se:.3f}), behaviour/trainer log-prob gap "
+                 f"{gap if gap is None else round(gap, 4)}")
+    held = held and d >= -2 * d_se
+  return held, "; ".join(parts) + " (FP4 is simulated on this CPU: the cost half is not tested)"
+
+
 _COMMON = {"pass@1 before": "eval/pass@1 before", "pass@1 after": "eval/pass@1 after",
            "pass@1 gain": "eval/pass@1 gain"}
 _COMPUTE = {"rollouts": "rollouts", "sample s/step": "sample_s_per_step", "update s/step": "update_s_per_step",
@@ -266,6 +283,42 @@ STUDIES = {s.name: s for s in [
                   "prompts"),
 ]}
 
+_REAL = ("SmolLM2-135M-Instruct as shipped (Q4_1 GGUF dequantized to float32, no SFT) on 1-2 digit addition "
+         "in its chat template, temperature 0.7; 24 RL steps of 8 prompts, lr 2e-5, no dynamic sampling; "
+         "held-out pass@1 / pass@8 / maj@8 on 100 test problems (8 samples each); 2 CPU cores")
+_REAL_EVAL = {**_COMMON, "maj@8 before": "eval/maj@8 before", "maj@8 after": "eval/maj@8 after",
+              "greedy after": "eval/greedy_accuracy after"}
+
+#: The same claims on a real pretrained model (`configs/repro_real_STUDY.py`: the miniature's
+#: arms on `configs/repro_real_base.py`). Their runs start from the GGUF file, not an SFT warm start.
+REAL_STUDIES = {s.name: s for s in [
+    dataclasses.replace(
+        STUDIES["mc_grpo"], name="real_mc_grpo", arms=("g2_mean", "g2_median", "g8_mean"),
+        metrics={**_REAL_EVAL, "train reward, last 10": "reward_last10", **_COMPUTE},
+        miniature=_REAL + " (paper: Qwen3-1.7B / Qwen2.5-Math on GSM8K and MATH, hundreds of steps)"),
+    dataclasses.replace(
+        STUDIES["ttrl"], name="real_ttrl",
+        metrics={**_REAL_EVAL, "train reward (agreement for TTRL), last 10": "reward_last10", **_COMPUTE},
+        miniature=_REAL + "; the base model's maj@8 (0.26) exceeds its pass@1 (0.155) on this task at this "
+                          "temperature; votes over 8 samples on the training split (paper: 64 votes, 32 trained "
+                          "on, on the test set: AIME / MATH-500)"),
+    Study(
+        name="real_sol_rl", paper="Sol-RL (arXiv 2604.06916)",
+        claim="Rollouts from an FP4 (NVFP4 or MXFP4) copy of the policy, with the full-precision update, reach "
+              "the reward of full-precision rollouts.",
+        arms=("full", "fp4_naive", "mxfp4_naive"),
+        metrics={**_REAL_EVAL, "train reward, last 10": "reward_last10",
+                 "FP4 log-prob gap": "sol/fp4_logprob_gap", "sampler/trainer mismatch": "mismatch_mean",
+                 **_COMPUTE},
+        verdict=verdict_real_sol_rl,
+        rule="held if both FP4 arms' held-out pass@1 gain is within two standard errors of the full-precision "
+             "run's or above; the FP4 log-prob gap is the mean |log p_fp4 - log p_full| of the sampled tokens; "
+             "the cost half cannot be tested here (a CPU has no FP4 units)",
+        miniature=_REAL + "; 8 FP4 samples a prompt, all trained on (no pool or subset selection: the format's "
+                          "own effect); weights fake-quantized (paper: diffusion image models)"),
+]}
+ALL_STUDIES = {**STUDIES, **REAL_STUDIES}
+
 
 # ---------------------------------------------------------------------------------------------
 # Runs
@@ -305,6 +358,8 @@ def warm_start_overrides(study: Study, smoke: bool, env: dict, *, in_process: bo
   from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
   from rollouts_jax.training import config as config_lib, policy  # pylint: disable=g-import-not-at-top
   exp = config_lib.from_config_dict(_load_exp(study.name, study.arms[0], smoke, study.extra))
+  if exp.model.init == "gguf":   # a pretrained model as shipped: nothing to build
+    return []
   root = pathlib.Path(exp.sft.cache_dir) if exp.sft.cache_dir else tasks.cache_root() / "warmstart"
   folder = root / f"{exp.data.task}-{policy.warm_start_key(exp.data, exp.tokenizer, exp.model, exp.sft, exp.seed)}"
   if not (folder / "done.json").exists():
@@ -429,8 +484,8 @@ def run_result(workdir: pathlib.Path) -> dict[str, Any]:
   out["sample_s_per_step"] = med("time/sample")
   out["update_s_per_step"] = med("time/update")
   out["steps"] = len(steps)
-  for key in {k for r in steps for k in r if k.startswith("sol/") or k in ("clusters_per_group",
-                                                                            "informative_groups")}:
+  for key in {k for r in steps for k in r if k.startswith("sol/") or k in (
+      "clusters_per_group", "informative_groups", "mismatch_mean")}:
     vals = [r[key] for r in steps if key in r]
     out[key] = sum(vals) / len(vals)
   return out
@@ -463,6 +518,57 @@ def run_one(study: Study, arm: str, seed: int, workdir: pathlib.Path, overrides:
   result = dict(run_result(workdir), arm=arm, seed=seed, wall_s=wall)
   result_file.write_text(json.dumps(result, indent=1))
   return result
+
+
+def committed_runs(path: pathlib.Path) -> dict[tuple[str, int], dict]:
+  """{(arm, seed): run result} of a results JSON written by `write_outputs` ({} if there is none)."""
+  if not path.exists():
+    return {}
+  return {(r["arm"], int(r["seed"])): r for r in json.loads(path.read_text()).get("runs", [])}
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def flat_config(exp) -> dict:
+  """An `ExperimentConfig` (or its `asdict` / `config.json`) as flat {"section.key": JSON value}."""
+  tree = exp if isinstance(exp, dict) else dataclasses.asdict(exp)
+  return _flat(json.loads(json.dumps(tree, default=str)))
+
+
+def run_config(study: str, arm: str, seed: int, extra: Sequence[str] = ()) -> dict:
+  """One run's full config, flat, as training sees it (before any warm-start override)."""
+  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  return flat_config(config_lib.from_config_dict(_load_exp(study, arm, False, list(extra) + [f"seed={seed}"])))
+
+
+def same_config(recorded: dict | None, today: dict, ignore: Sequence[str] = ()) -> bool:
+  """Whether a run recorded with flat config `recorded` is the run `today`'s config would make.
+
+  Every key must agree, except keys in `ignore` (a machine's warm-start paths) and keys added
+  to the config since the run whose value today is their default (a new option that leaves
+  the old behaviour alone, the project's rule for new keys). A changed default is a mismatch.
+  """
+  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  if not recorded:
+    return False
+  defaults = flat_config(config_lib.ExperimentConfig())
+  for key, value in today.items():
+    if key in ignore:
+      continue
+    if key in recorded:
+      if recorded[key] != value:
+        return False
+    elif key not in defaults or value != defaults[key]:
+      return False
+  return all(key in today or key in ignore for key in recorded)
 
 
 def child_env(threads: int, cache_dir: pathlib.Path) -> dict:
@@ -595,21 +701,37 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
   env = child_env(threads, runs_dir / "jax_cache")
   docs = {}
   for name in names:
-    study = STUDIES[name]
+    study = ALL_STUDIES[name]
     chosen = [a for a in study.arms if not arms or a in arms]
     results, missing, overrides = [], [], None
+    # Runs recorded in the study's results JSON (a commit of an earlier machine's) count as done
+    # when their config is today's: a study spread over machines repeats nothing.
+    recorded = {} if smoke else committed_runs(results_dir / f"repro_{name}.json")
+    # Keys the warm start sets (paths on the machine that built it) do not tell runs apart.
+    ignored = [o.partition("=")[0] for o in hf_overrides(runs_dir)]
     for seed in range(seeds):
       for arm in chosen:
         workdir = runs_dir / ("smoke" if smoke else "") / name / arm / f"seed{seed}"
+        earlier = recorded.get((arm, seed))
+        if (earlier is not None and not (workdir / "result.json").exists()
+            and same_config(earlier.get("config"), run_config(name, arm, seed, study.extra), ignore=ignored)):
+          log(f"[{name}] {arm} seed {seed}: recorded in {results_dir.name}/repro_{name}.json")
+          results.append(earlier)
+          write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing, plot=False)
+          continue
         if not (workdir / "result.json").exists() and (report_only or _past(stop_at)):
           missing.append(f"{arm}/seed{seed}")
           continue
         try:
           if overrides is None:
-            overrides = (hf_overrides(warm_start) if warm_start is not None
+            overrides = (hf_overrides(warm_start) if warm_start is not None and name not in REAL_STUDIES
                          else warm_start_overrides(study, smoke, env, in_process=in_process))
           t0 = time.time()
           result = run_one(study, arm, seed, workdir, overrides, smoke=smoke, env=env, in_process=in_process)
+          if not smoke and "config" not in result and (workdir / "config.json").exists():
+            # What ran, for a later machine to decide whether its runs are this one's.
+            result["config"] = flat_config(json.loads((workdir / "config.json").read_text()))
+            (workdir / "result.json").write_text(json.dumps(result, indent=1))
           log(f"[{name}] {arm} seed {seed}: pass@1 {result.get('eval/pass@1 before', float('nan')):.3f} -> "
               f"{result.get('eval/pass@1 after', float('nan')):.3f}, wall {result['wall_s']:.0f} s "
               f"({time.time() - t0:.0f} s now)")
@@ -625,7 +747,8 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--study", required=True, help="a study, a comma-separated list, or 'all'")
+  parser.add_argument("--study", required=True,
+                      help="a study, a comma-separated list, 'all' (the miniatures) or 'real' (on SmolLM2)")
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--smoke", action="store_true", help="every arm's smoke variant, one seed, in-process")
   parser.add_argument("--arms", default="", help="comma-separated arms to run (default: all)")
@@ -636,10 +759,11 @@ def main(argv=None):
   parser.add_argument("--no_plot", action="store_true")
   parser.add_argument("--report_only", action="store_true", help="no training: tables from finished runs")
   args = parser.parse_args(argv)
-  names = list(STUDIES) if args.study == "all" else args.study.split(",")
+  groups = {"all": list(STUDIES), "real": list(REAL_STUDIES)}
+  names = [n for part in args.study.split(",") for n in groups.get(part, [part])]
   for n in names:
-    if n not in STUDIES:
-      parser.error(f"unknown study {n!r}; studies: {', '.join(STUDIES)}")
+    if n not in ALL_STUDIES:
+      parser.error(f"unknown study {n!r}; studies: {', '.join(ALL_STUDIES)} (or all, real)")
   runs_dir = pathlib.Path(args.runs_dir)
   # The smoke runs train in this process: its compiled programs (quickly compiled, for one step)
   # go to the runs' cache, as the training subprocesses' do.

@@ -114,6 +114,68 @@ def test_finished_runs_are_reused_and_not_rerun(tmp_path, monkeypatch):
   del study
 
 
+def test_runs_recorded_in_the_results_json_are_reused_only_while_their_config_is_unchanged(tmp_path, monkeypatch):
+  """A study spread over machines: a committed run counts as done when its config is today's."""
+  study = rp.STUDIES["ttrl"]
+  res = tmp_path / "res"
+  gt = rp.run_config("ttrl", "ground_truth", 0)
+  assert rp.same_config(gt, rp.run_config("ttrl", "ground_truth", 0))
+  assert not rp.same_config(gt, rp.run_config("ttrl", "ground_truth", 1))   # the seed is part of it
+  assert not rp.same_config(gt, rp.run_config("ttrl", "ttrl", 0))
+  assert not rp.same_config(None, gt)
+  # A key added since the run, at its default, leaves it valid; a changed value or default does not.
+  added = "rollout.top_k"
+  older = {k: v for k, v in gt.items() if k != added}
+  assert rp.same_config(older, gt)
+  assert not rp.same_config(older, dict(gt, **{added: 7}))
+  assert not rp.same_config(dict(gt, **{added: 7}), gt)
+  assert not rp.same_config(dict(gt, **{"rollout.gone": 1}), gt)        # a key removed since
+  assert rp.same_config(dict(gt, **{"model.path": "/elsewhere"}), gt, ignore=["model.path"])
+  recorded = [_run("ground_truth", 0, 0.61, wall_s=5.0, config=gt),
+              _run("ttrl", 0, 0.7, wall_s=5.0, config=dict(rp.run_config("ttrl", "ttrl", 0), **{"rl.steps": 1}))]
+  rp.write_outputs(study, recorded, res, planned_seeds=1, smoke=False, missing=[], plot=False)
+  assert set(rp.committed_runs(res / "repro_ttrl.json")) == {("ground_truth", 0), ("ttrl", 0)}
+  assert rp.committed_runs(res / "absent.json") == {}
+  trained = []
+
+  def fake_run_one(study_, arm, seed, workdir, overrides, **kw):
+    trained.append((arm, seed))
+    workdir.mkdir(parents=True)
+    exp = rp._load_exp("ttrl", arm, False, [f"seed={seed}"])
+    (workdir / "config.json").write_text(json.dumps(exp.to_dict()))
+    (workdir / "result.json").write_text(json.dumps(_run(arm, seed, 0.5, wall_s=1.0)))
+    return _run(arm, seed, 0.5, wall_s=1.0)
+
+  monkeypatch.setattr(rp, "run_one", fake_run_one)
+  monkeypatch.setattr(rp, "warm_start_overrides", lambda *a, **k: [])
+  docs = rp.run_studies(["ttrl"], seeds=1, runs_dir=tmp_path / "runs", results_dir=res, plot=False,
+                        log=lambda s: None)
+  assert trained == [("ttrl", 0)]                            # the changed one reruns, the other is read
+  assert docs["ttrl"]["arms"]["ground_truth"]["pass@1 after"]["values"] == [0.61]
+  assert docs["ttrl"]["arms"]["ttrl"]["pass@1 after"]["values"] == [0.5]
+  fresh = json.loads((tmp_path / "runs" / "ttrl" / "ttrl" / "seed0" / "result.json").read_text())
+  assert rp.same_config(fresh["config"], rp.run_config("ttrl", "ttrl", 0))   # recorded for the next machine
+
+
+def test_real_studies_apply_each_miniature_arm_s_own_edit_to_the_shipped_smollm2(tmp_path):
+  """`real_STUDY` arm = the miniature's arm edit (the keys it changes, same values) on SmolLM2 as shipped."""
+  assert set(rp.REAL_STUDIES).isdisjoint(rp.STUDIES)
+  for name, study in rp.REAL_STUDIES.items():
+    mini = name.removeprefix("real_")
+    base = rp._load_exp(mini, rp.STUDIES[mini].arms[0], False).to_dict()
+    for arm in study.arms:
+      real = rp._load_exp(name, arm, False)
+      assert real.model.init == "gguf" and real.rl.steps == 24, (name, arm)
+      assert rp.warm_start_overrides(study, False, {}, in_process=True) == []
+      edited = rp._load_exp(mini, arm, False).to_dict()          # an arm of the miniature's config
+      changed = [(s, k) for s in edited if isinstance(edited[s], dict) for k in edited[s]
+                 if edited[s][k] != base[s][k] and (s, k) != ("rl", "steps")]
+      if arm != study.arms[0]:
+        assert changed, (name, arm)                          # each later arm is a real edit
+      for section, key in changed:
+        assert real[section][key] == edited[section][key], (name, arm, section, key)
+
+
 def test_run_one_reads_a_finished_workdir_without_training(tmp_path):
   (tmp_path / "result.json").write_text(json.dumps({"arm": "ttrl", "seed": 2, "wall_s": 3.0}))
   out = rp.run_one(rp.STUDIES["ttrl"], "ttrl", 2, tmp_path, [], smoke=True, env={}, in_process=True)

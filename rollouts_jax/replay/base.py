@@ -21,7 +21,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from rollouts_jax.sampling.batch import RolloutBatch
+from rollouts_jax.types import RolloutBatch
 
 
 @flax.struct.dataclass

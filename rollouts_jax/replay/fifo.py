@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from rollouts_jax.replay import base
-from rollouts_jax.sampling.batch import RolloutBatch
+from rollouts_jax.types import RolloutBatch
 
 
 def fifo(capacity: int, example: RolloutBatch, *, max_staleness: int | None = None) -> base.RolloutBuffer:
@@ -22,7 +22,7 @@ def fifo(capacity: int, example: RolloutBatch, *, max_staleness: int | None = No
     A `RolloutBuffer`.
 
   >>> import jax, numpy as np
-  >>> from rollouts_jax.sampling.batch import RolloutBatch
+  >>> from rollouts_jax.types import RolloutBatch
   >>> ex = RolloutBatch.empty(2, 2, 3, 4)
   >>> buf = fifo(4, ex)
   >>> s = buf.init()

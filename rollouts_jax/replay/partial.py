@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rollouts_jax.replay import base
-from rollouts_jax.sampling.batch import RolloutBatch
+from rollouts_jax.types import RolloutBatch
 
 
 def partial_rollouts(capacity: int, example: RolloutBatch, **unused) -> base.RolloutBuffer:

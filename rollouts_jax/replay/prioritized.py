@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from rollouts_jax.replay import base
-from rollouts_jax.sampling.batch import RolloutBatch
+from rollouts_jax.types import RolloutBatch
 
 
 def group_usefulness(batch: RolloutBatch, eps: float = 1e-6) -> jax.Array:

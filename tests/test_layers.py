@@ -1,0 +1,36 @@
+"""The package's floors: lower modules do not import higher ones (read from the source, no import)."""
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parents[1] / "rollouts_jax"
+
+
+def _package_imports(path: pathlib.Path) -> set[str]:
+  """The rollouts_jax subpackages (first component after the root) a file imports."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    names = []
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    elif isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    for name in names:
+      parts = name.split(".")
+      if parts[0] == "rollouts_jax" and len(parts) > 1:
+        out.add(parts[1])
+  return out
+
+
+def test_types_is_the_bottom_floor():
+  assert _package_imports(PKG / "types.py") == set()
+
+
+def test_replay_stores_batches_without_knowing_how_they_were_generated():
+  for path in sorted((PKG / "replay").glob("*.py")):
+    assert _package_imports(path) <= {"replay", "types"}, path.name
+
+
+def test_the_batch_type_has_one_definition():
+  defined = [p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py") if "class RolloutBatch" in p.read_text()]
+  assert defined == ["types.py"]

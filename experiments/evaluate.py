@@ -34,6 +34,7 @@ config_flags.DEFINE_config_file("config", os.path.join(_HERE, "..", "configs", "
                                 "Experiment config file (path[:arg]).", lock_config=True)
 flags.DEFINE_string("workdir", None, "A training workdir: evaluates its latest checkpoint with its config.")
 flags.DEFINE_integer("num_examples", 0, "Override eval.num_examples (0: keep).")
+flags.DEFINE_string("selection", None, "Override eval.selection: test-time rules over the k samples (bon,bom,soft_sc).")
 flags.DEFINE_enum("decoder", "sample", ["sample", "deeplook"], "sample: pass@k / maj@k; deeplook: see above.")
 flags.DEFINE_integer("deeplook_samples", 4, "DeepLook: samples per prompt (voters).")
 flags.DEFINE_integer("deeplook_k", 4, "DeepLook: continuations compared per lookahead.")
@@ -72,6 +73,9 @@ def _run():
     exp = config_lib.from_config_dict(FLAGS.config)
   if FLAGS.num_examples:
     exp = dataclasses.replace(exp, eval=dataclasses.replace(exp.eval, num_examples=FLAGS.num_examples))
+  if FLAGS.selection is not None:
+    exp = config_lib.from_config_dict(dict(dataclasses.asdict(exp), eval=dict(dataclasses.asdict(exp.eval),
+                                                                                selection=FLAGS.selection)))
   train, test = loop.load_task(exp)
   cfg, params, tokenizer = loop.load_policy(exp, train)
   where = "the initial policy"

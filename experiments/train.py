@@ -41,9 +41,10 @@ def _latest_checkpoint(workdir) -> str:
   return f"step {steps[-1]}" if steps else "the start (no checkpoint yet)"
 
 
-def _exit_interrupted(workdir) -> None:
-  """One line, then exit 130 without interpreter teardown (XLA threads may still be running)."""
-  print(f"Interrupted: {workdir} resumes from {_latest_checkpoint(workdir)} when run again.", file=sys.stderr)
+def _exit_interrupted(workdir, message: str | None = None, code: int = 130) -> None:
+  """One line, then exit `code` without interpreter teardown (XLA and orbax threads may still run)."""
+  print(message or f"Interrupted: {workdir} resumes from {_latest_checkpoint(workdir)} when run again.",
+        file=sys.stderr)
   try:
     from rollouts_jax import rewards  # pylint: disable=g-import-not-at-top
     rewards.shutdown_default_pools()
@@ -52,7 +53,7 @@ def _exit_interrupted(workdir) -> None:
   logging.flush()
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(130)
+  os._exit(code)
 
 
 def main(argv):
@@ -63,6 +64,11 @@ def main(argv):
     _run()
   except KeyboardInterrupt:
     _exit_interrupted(FLAGS.workdir)
+  except OSError as e:
+    from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+    if not isinstance(e, checkpoint.CheckpointDiskFullError):
+      raise
+    _exit_interrupted(FLAGS.workdir, f"Stopped: {e.strerror}", code=1)
 
 
 def _run():

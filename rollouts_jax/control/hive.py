@@ -23,8 +23,12 @@ Our reading of what the abstract leaves open (every constant below is a setting)
   prompt's utility is stale); a prompt with no recorded entropy is never pruned (it has no
   evidence against it) and ties go to the higher stage-1 score. Without `entropy_BxN` (never
   given), stage 2 keeps the pool's top B by stage-1 score, i.e. HIVE reduces to stage 1.
-  A fresh forward pass would need the loop to score the pool between two `select` calls; it
-  is not part of this contract.
+  With `fresh_entropy=True` the signal is fresh, as in the paper: `select` takes the extra
+  `prompt_entropy_fn(indices, num_tokens) -> float [P]`, which the loop gives it, and calls it
+  on the pool; the loop answers with the current policy's mean token entropy over a short
+  greedy continuation of each prompt (`entropy_tokens` tokens, one row per prompt: the
+  entropy at the answer's first tokens, a few percent of the step's decoding). The
+  abstract does not define prompt entropy; this is our reading.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ class HiveState:
 
 
 def hive(num_prompts: int, *, num_samples: int, seed: int = 0, pool_factor: float = 2.0, explore: float = 0.5,
-         history_decay: float = 0.8, success_threshold: float = 0.5) -> base.PromptSelector:
+         history_decay: float = 0.8, success_threshold: float = 0.5, fresh_entropy: bool = False,
+         entropy_tokens: int = 8) -> base.PromptSelector:
   """HIVE: learning-edge pool from the reward history, pruned by prompt entropy.
 
   Args:
@@ -61,10 +66,14 @@ def hive(num_prompts: int, *, num_samples: int, seed: int = 0, pool_factor: floa
     explore: weight of the uncertainty bonus `1 / sqrt(1 + n)` in the stage-1 score.
     history_decay: per-observation decay of a prompt's counts.
     success_threshold: a reward above it is a success.
+    fresh_entropy: stage 2 ranks the pool by `prompt_entropy_fn`'s fresh entropies when
+      `select` is given one (else by the latest rollouts' entropies).
+    entropy_tokens: the continuation length `prompt_entropy_fn` is asked for.
 
   Returns:
-    A `PromptSelector`. `update` reads the optional extra `entropy_BxN` (float [B, N], mean
-    token entropy of each sample) and ignores other extras.
+    A `PromptSelector`. `select(state, key, B, *, prompt_entropy_fn=None)`; `update` reads
+    the optional extra `entropy_BxN` (float [B, N], mean token entropy of each sample) and
+    ignores other extras.
 
   >>> import jax, jax.numpy as jnp
   >>> sel = hive(4, num_samples=2, pool_factor=2.0)
@@ -79,6 +88,8 @@ def hive(num_prompts: int, *, num_samples: int, seed: int = 0, pool_factor: floa
     raise ValueError(f"hive: pool_factor must be >= 1; got {pool_factor}.")
   if not 0.0 <= history_decay <= 1.0:
     raise ValueError(f"hive: history_decay must be in [0, 1]; got {history_decay}.")
+  if int(entropy_tokens) < 1:
+    raise ValueError(f"hive: entropy_tokens must be >= 1; got {entropy_tokens}.")
 
   def init():
     z = jnp.zeros((num_prompts,), jnp.float32)
@@ -89,13 +100,16 @@ def hive(num_prompts: int, *, num_samples: int, seed: int = 0, pool_factor: floa
     m = (state.succ + 1.0) / (state.n + 2.0)
     return 4.0 * m * (1.0 - m) + explore / jnp.sqrt(1.0 + state.n)
 
-  def select(state, key, batch_size: int):
+  def select(state, key, batch_size: int, *, prompt_entropy_fn=None):
     base.check_batch_size(batch_size, num_prompts)
     pool_size = min(num_prompts, max(batch_size, int(math.ceil(pool_factor * batch_size))))
     hist = edge_score(state)
     order = jnp.lexsort((jax.random.uniform(key, (num_prompts,)), hist))[::-1]  # random tie-break
     pool = order[:pool_size]
-    ent = jnp.where(state.has_entropy[pool], state.entropy[pool], jnp.inf)
+    if fresh_entropy and prompt_entropy_fn is not None and pool_size > batch_size:
+      ent = jnp.asarray(prompt_entropy_fn(pool, int(entropy_tokens)), jnp.float32)   # the current policy's
+    else:
+      ent = jnp.where(state.has_entropy[pool], state.entropy[pool], jnp.inf)
     stage2 = jnp.lexsort((hist[pool], ent))[::-1]    # by entropy, then by the history score
     idx = pool[stage2[:batch_size]].astype(jnp.int32)
     return base.full_budget(idx, num_samples), state

@@ -49,7 +49,8 @@ def tree_rollouts(ctx: generators.GeneratorContext, tree: sampling.TreeConfig, p
   conf = advantages.mean_token_confidence(jnp.asarray(info.confidence), jnp.asarray(batch.completion_mask))
   batch = batch.replace(sample_mask=leaves, confidence=np.asarray(conf, np.float32))
   stats = {"generated_tokens": float(np.asarray(info.generated_tokens).sum()),
-           "tree/branches": float(np.asarray(info.num_branches).sum()), "tree/leaves": float(leaves.sum())}
+           "tree/branches": float(np.asarray(info.num_branches).sum()), "tree/leaves": float(leaves.sum()),
+           "tree/pruned": float(np.asarray(info.num_pruned).sum())}
   return batch, info, stats
 
 

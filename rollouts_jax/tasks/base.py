@@ -59,13 +59,19 @@ class Task:
   def builder_kwargs(self, data_cfg) -> dict[str, Any]:
     return dict(manual_dir=data_cfg.manual_dir or None)
 
+  @property
+  def has_train_split(self) -> bool:
+    """False for test-set-only benchmarks (MATH-500, AIME 24, AMC 23): training on them is
+    test-time RL, which the config allows only with label-free rewards."""
+    return self.synthetic or "train" in data_lib.BENCHMARK_FILES.get(self.dataset or self.name, {})
+
   def load(self, data_cfg) -> tuple[Sequence[dict], Sequence[dict], bool]:
     """(train examples, test examples, whether train is really the test split)."""
     data_dir = data_cfg.data_dir or str(cache_root() / "tfds")
     kw = self.builder_kwargs(data_cfg)
     name = self.dataset or self.name
     test = data_lib.load_dataset(name, "test", data_dir=data_dir, **kw)
-    if self.synthetic or "train" in data_lib.BENCHMARK_FILES.get(name, {}):
+    if self.has_train_split:
       return data_lib.load_dataset(name, "train", data_dir=data_dir, **kw), test, False
     return test, test, True
 

@@ -17,7 +17,7 @@ import jax
 from rollouts_jax import control, models, replay, rewards, rollout, sampling, tasks
 from rollouts_jax.rollout import tree as rollout_tree
 from rollouts_jax.training import pipeline as pipeline_lib
-from rollouts_jax.training.config import ExperimentConfig, parse_kwargs
+from rollouts_jax.training.config import ExperimentConfig, deeplook_settings, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
 from rollouts_jax.training.pipeline import RolloutPipeline
 from rollouts_jax.training.policy import load_policy as _load_policy, prompt_instruction, warm_start as _warm_start
@@ -65,7 +65,14 @@ def prompter(exp: ExperimentConfig, tokenizer) -> Prompter:
 def evaluator(exp: ExperimentConfig, cfg, tokenizer) -> Evaluator:
   conf = sampling_config(exp, tokenizer).replace(temperature=exp.eval.temperature)
   return Evaluator(cfg, prompter(exp, tokenizer), conf, k=exp.eval.k, batch_size=exp.eval.batch_size,
-                   num_workers=exp.reward.num_workers, timeout_s=exp.reward.timeout_s)
+                   num_workers=exp.reward.num_workers, timeout_s=exp.reward.timeout_s,
+                   selection=tuple(r.strip() for r in exp.eval.selection.split(",") if r.strip()),
+                   **_deeplook(exp))
+
+
+def _deeplook(exp: ExperimentConfig) -> dict:
+  look, vote = deeplook_settings(exp.eval)
+  return {} if look is None else {"deeplook": look, "deeplook_vote": vote}
 
 
 def evaluate(exp: ExperimentConfig, cfg, params, tokenizer, examples, *, key=None, greedy: bool = True):
@@ -92,6 +99,7 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
       fp4=exp.rollout.fp4, fp4_pool_size=exp.rollout.fp4_pool_size, subset=c.subset,
       max_staleness=rp.max_staleness, clusters=rw.clusters if exp.rl.advantage.startswith("uniqueness") else None,
       needs_seq_logprobs=exp.rl.advantage == "xrpo", ref_samples=rw.ref_samples, ref_refresh=rw.ref_refresh,
+      presample=c.name == "pvpo",
       overlong_buffer=rw.overlong_buffer, max_failure_frac=rw.max_failure_frac, seed=exp.seed)
   factory = replay.get(rp.name)
   if factory is not None:

@@ -57,6 +57,49 @@ class NonFiniteStateError(ValueError):
   """A restored state holds NaN or inf in a floating-point array."""
 
 
+class CheckpointDiskFullError(OSError):
+  """A checkpoint did not fit on its filesystem; the half-written step has been removed."""
+
+
+_ENOSPC_MARKS = ("No space left on device", "os_error_code='28'", "[Errno 28]")
+
+
+def _is_disk_full(error: BaseException) -> bool:
+  """True when `error` (or an error it was raised from) is a full filesystem (ENOSPC)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno == 28:
+      return True
+    if any(mark in str(error) for mark in _ENOSPC_MARKS):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+class _QuietOrbax(logging.Filter):
+  """Drops orbax's INFO records (several a save) unless absl's verbosity is DEBUG or finer, and
+  its threads' reports of a full disk (`Checkpointer.save` raises one named error instead)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if "/orbax/" not in record.pathname.replace(os.sep, "/"):
+      return True
+    if record.levelno >= logging.WARNING:
+      return not any(mark in record.getMessage() for mark in _ENOSPC_MARKS)
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    return absl_logging.get_verbosity() >= absl_logging.DEBUG
+
+
+_QUIET_ORBAX = _QuietOrbax()
+
+
+def quiet_orbax_logs() -> None:
+  """Installs the `_QuietOrbax` filter on the `absl` logger orbax writes to (once)."""
+  absl_logger = logging.getLogger("absl")
+  if _QUIET_ORBAX not in absl_logger.filters:
+    absl_logger.addFilter(_QUIET_ORBAX)
+
+
 def _abs_path(path) -> str:
   path = os.fspath(path)
   return path if "://" in path else os.path.abspath(path)
@@ -328,6 +371,7 @@ class Checkpointer:
     self.save_every = save_every
     self.keep = keep
     self.verify = verify
+    quiet_orbax_logs()
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=False,  # save() returns only once the step is final on disk
         create=True,
@@ -376,14 +420,34 @@ class Checkpointer:
       self._quarantine([step], {step: reason})
     elif not force and not self.should_save(step):
       return False
-    saved = self._manager.save(
-        step, force=True,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(_keys_to_data(state)),
-                                meta=ocp.args.JsonSave(meta)))
-    self._manager.wait_until_finished()
+    try:
+      saved = self._manager.save(
+          step, force=True,
+          args=ocp.args.Composite(state=ocp.args.StandardSave(_keys_to_data(state)),
+                                  meta=ocp.args.JsonSave(meta)))
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      if not _is_disk_full(e):
+        raise
+      raise self._disk_full(step, state) from e
     if saved and _is_local(self.directory) and jax.process_index() == 0:
       write_checksums(self.step_dir(step))
     return bool(saved)
+
+  def _disk_full(self, step: int, state: PyTree) -> CheckpointDiskFullError:
+    """Removes step `step`'s half-written files; the error naming the directory and the space."""
+    for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
+      if name == str(step) or name.startswith(f"{step}.orbax-checkpoint-tmp"):
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    needed = sum(int(np.prod(np.shape(x))) * np.dtype(getattr(x, "dtype", np.float32)).itemsize
+                 for x in jax.tree.leaves(_keys_to_data(state)))
+    free = shutil.disk_usage(self.directory).free if os.path.isdir(self.directory) else 0
+    latest = self.latest_step()
+    return CheckpointDiskFullError(
+        28, f"The filesystem of {self.directory} is full: checkpoint step {step} needs about {needed:,} bytes "
+        f"({free:,} free now). The half-written step was removed; "
+        + (f"the last good checkpoint is step {latest}, and a rerun after freeing space resumes from it."
+           if latest is not None else "there is no earlier checkpoint."))
 
   # ---- integrity -------------------------------------------------------------------------------
 

@@ -143,7 +143,7 @@ class RolloutConfig:
   adwin_every: int = 5
   adwin_gamma: float = 0.25
   adwin_tau: float = 0.9
-  generator: str = "sample"     # a registered generator: "sample", "spec_rl", "tree" ...
+  generator: str = "sample"     # a registered generator: "sample", "self_spec", "spec_rl", "tree" ...
   generator_kwargs: str = ""    # its settings, "key=value,key=value"
 
 
@@ -175,7 +175,11 @@ class ControlConfig:
   kwargs: str = ""              # the selector's settings, "key=value,key=value"
   prompts_per_step: int = 16
   dynamic_sampling: bool = False  # DAPO: keep groups whose rewards differ, refill up to the budget
-  max_refills: int = 2          # extra generations per step that dynamic sampling may spend
+  # Dynamic sampling's extra generations a step: -1 refills until the batch is full, as DAPO
+  # does (a warning and a logged shortfall after 16 generations in a row with no informative
+  # group: `pipeline.STALL_REFILLS`);
+  # N >= 0 caps them, and a step that ends short logs `dynamic_sampling/shortfall`.
+  max_refills: int = -1
   subset: str = "contrastive"   # Sol-RL subset of the FP4 pool: contrastive, deviation or random
   # ARRoL online pruning (arXiv 2603.24840): ceil(N * (1 + prune_oversample)) rows per prompt run
   # prune_at tokens; a quality head on the policy's hidden state keeps N of them (a prune_target
@@ -252,6 +256,16 @@ class EvalConfig:
   k: int = 4                    # samples per prompt for pass@k / maj@k
   temperature: float = 1.0
   batch_size: int = 100
+  # Test-time selection over the k samples, comma-separated: "bon" (best-of-N), "bom"
+  # (best-of-majority), "soft_sc" (soft self-consistency), scored by each sample's mean token
+  # log-prob; each adds eval/RULE@k.
+  selection: str = ""
+  # DeepLook (confidence-triggered lookahead over DeepConf's token confidence) beside plain
+  # sampling: k samples a prompt, answered by a weighted vote; adds eval/deeplook@k and the
+  # tokens each decoder spent a prompt. Settings: `sampling.deeplook.DeepLookConfig`'s fields
+  # and vote_weight (likelihood, confidence or none), "key=value,...".
+  deeplook: bool = False
+  deeplook_kwargs: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,6 +480,18 @@ def validate(cfg: ExperimentConfig) -> None:
   _positive(ro.sample_chunk, "rollout.sample_chunk", allow_zero=True)
   if not 0.0 < ro.top_p <= 1.0:
     raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
+  # Top-k / top-p: the behaviour log-probs are those of the truncated distribution that drew the
+  # tokens (mu), the update's are the full tempered softmax (pi). Our choice: keep both and
+  # correct the gap by importance sampling (rl.tis_cap), rather than train the truncated policy.
+  if ro.top_k or ro.top_p < 1.0:
+    truncation = f"rollout.top_k={ro.top_k}" if ro.top_k else f"rollout.top_p={ro.top_p}"
+    if not cfg.rl.tis_cap:
+      raise ValueError(f"{truncation} samples from a truncated distribution while the update scores the full "
+                       f"tempered softmax: set rl.tis_cap > 0 (e.g. 2.0; truncated importance sampling "
+                       f"corrects the gap), or turn truncation off.")
+    if ro.distill:
+      raise ValueError(f"{truncation} does not combine with rollout.distill: the teacher's advantage compares "
+                       f"full distributions with the student's behaviour log-probs; turn truncation off.")
   _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
   rollout.get(ro.generator, key="rollout.generator")   # the settings' names here, their values when built
   rollout.check_kwargs(ro.generator, parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"))
@@ -561,6 +587,16 @@ def validate(cfg: ExperimentConfig) -> None:
 
   rw = cfg.reward
   spec = rewards.parse_reward_spec(rw.name, key="reward.name")
+  if not task.has_train_split:  # its prompts are the test set: only label-free training is honest
+    labelled = [t for t, _ in spec if t not in rewards.GROUP_TERMS]
+    if labelled:
+      raise ValueError(f"data.task={cfg.data.task!r} has only a test split, so training on it is test-time RL, "
+                       f"which must not read its answers; reward.name={rw.name!r} grades against them "
+                       f"({', '.join(labelled)}). Use a label-free reward ({', '.join(rewards.GROUP_TERMS[:3])}) "
+                       f"or a task with a train split.")
+    if m.init == "sft":
+      raise ValueError(f"data.task={cfg.data.task!r} has only a test split: model.init='sft' would fine-tune on "
+                       f"its reference solutions. Start from a pretrained model (model.init='hf' or 'gguf').")
   for term, _ in spec:
     if term == "co_reward" and not task.can_rewrite:
       raise ValueError(f"reward.name uses co_reward, which needs a second view of each question; task "
@@ -581,9 +617,14 @@ def validate(cfg: ExperimentConfig) -> None:
 
   c = cfg.control
   control.get(c.name, key="control.name")
+  if c.name == "pvpo" and not cfg.reward.ref_samples:
+    raise ValueError("control.name='pvpo' selects prompts by their reference-policy accuracy: set "
+                     "reward.ref_samples > 0 (the reference rollouts per prompt, pre-sampled before training).")
   control.check_kwargs(c.name, parse_kwargs(c.kwargs, "control.kwargs"), key="control.kwargs")
   _positive(c.prompts_per_step, "control.prompts_per_step")
-  _positive(c.max_refills, "control.max_refills", allow_zero=True)
+  if c.max_refills < -1:
+    raise ValueError(f"Config key control.max_refills must be -1 (until the batch is full) or >= 0, "
+                     f"got {c.max_refills}.")
   _one_of(c.subset, control.SUBSET_MODES, "control.subset")
 
   rp = cfg.replay
@@ -654,6 +695,30 @@ def validate(cfg: ExperimentConfig) -> None:
   _positive(cfg.max_nonfinite_steps, "max_nonfinite_steps")
   for key in ("every", "num_examples", "batch_size", "k"):
     _positive(getattr(cfg.eval, key), f"eval.{key}", allow_zero=key == "every")
+  for rule in (r.strip() for r in cfg.eval.selection.split(",") if r.strip()):
+    _one_of(rule, ("bon", "bom", "soft_sc"), "eval.selection")
+  deeplook_settings(cfg.eval)   # named errors for bad settings, before anything compiles
+
+
+def deeplook_settings(ev: EvalConfig):
+  """(DeepLookConfig, vote weight) of `eval.deeplook_kwargs`, or (None, "") with `eval.deeplook` off."""
+  kwargs = parse_kwargs(ev.deeplook_kwargs, "eval.deeplook_kwargs")
+  if not ev.deeplook:
+    if kwargs:
+      raise ValueError("eval.deeplook_kwargs is set but eval.deeplook is False; turn it on or clear the settings.")
+    return None, ""
+  from rollouts_jax.sampling import deeplook  # pylint: disable=g-import-not-at-top
+  vote = kwargs.pop("vote_weight", "likelihood")
+  _one_of(vote, ("likelihood", "confidence", "none"), "eval.deeplook_kwargs vote_weight")
+  fields = {f.name for f in dataclasses.fields(deeplook.DeepLookConfig)}
+  for k in kwargs:
+    if k not in fields:
+      raise ValueError(f"Config key eval.deeplook_kwargs: DeepLook has no setting {k!r}; its settings: "
+                       f"{', '.join(sorted(fields | {'vote_weight'}))}.")
+  try:
+    return deeplook.DeepLookConfig(**kwargs), vote
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"Config key eval.deeplook_kwargs: {e}") from e
   _positive(cfg.checkpoint.every, "checkpoint.every")
   _positive(cfg.checkpoint.keep, "checkpoint.keep")
 
@@ -709,6 +774,7 @@ def apply_smoke(config):
   config.rollout.num_samples = min(config.rollout.num_samples, 5)
   config.rollout.max_new_tokens = min(config.rollout.max_new_tokens, 16)
   config.reward.ref_samples = min(config.reward.ref_samples, 2)
+  config.control.max_refills = 1 if config.control.max_refills < 0 else min(config.control.max_refills, 1)
   config.reward.num_workers = 0
   config.replay.capacity = min(config.replay.capacity, 8)
   config.eval.num_examples = 8

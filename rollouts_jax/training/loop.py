@@ -106,7 +106,10 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   logger.truncate_after(start if start else -1)  # rows past the resumed step; all before a first checkpoint
   if start == 0:
     summary["before"] = evaluate_fn(state["train"].params, eval_examples, eval_key)
-    logger.log(0, summary["before"])
+    # PVPO's pre-sampling (control.name=pvpo): reference rollouts of every prompt before step 1.
+    state["pipeline"], presampled = pipeline.presample_state(state["pipeline"], ref_params,
+                                                             jax.random.fold_in(jax.random.key(exp.seed), 1 << 20))
+    logger.log(0, {**summary["before"], **presampled})
   base_key = jax.random.key(exp.seed)
   step_args = dict(cfg=cfg, rl=exp.rl, temperature=exp.rollout.temperature, max_len=exp.rollout.max_new_tokens)
   train_step = _train_step(step_args, state_shardings, mesh)

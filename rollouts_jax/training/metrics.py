@@ -232,7 +232,8 @@ class MetricsLogger:
       self._tb = _open_summary_writer(self.tb_dir, purge_step=int(step) + 1)
       self._tb.flush()
     if self._bar is not None:
-      self._bar.n = min(step, self._bar.total or step)
+      # A run with no checkpoint truncates after step -1 (everything): the bar stays at 0.
+      self._bar.n = max(0, min(step, self._bar.total or step))
       self._bar.refresh()
 
   def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -255,7 +256,7 @@ class MetricsLogger:
       _write_scalars(self._tb, step, {str(k): _numeric(v) for k, v in numeric.items()})
       self._tb.flush()
     if self._bar is not None:
-      self._bar.update(step - self._bar.n)
+      self._bar.update(max(0, min(step, self._bar.total or step) - self._bar.n))
       shown = [k for k in _POSTFIX_KEYS if k in numeric][:4] or list(numeric)[:3]
       self._bar.set_postfix({k: f"{_numeric(numeric[k]):.4g}" for k in shown}, refresh=False)
     if self._print_every and step % self._print_every == 0:

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 
 # The largest teacher vocabulary log-prob array (bytes) full-vocabulary distillation builds per step.
 FULL_KL_MAX_BYTES = 2**30
+#: Generations in a row without an informative group after which dynamic sampling with
+#: `max_refills=-1` stops refilling (every prompt it draws is solved, or none is).
+STALL_REFILLS = 16
 
 
 def check_full_kl_bytes(distill: str, positions: int, vocab_size: int) -> None:
@@ -96,7 +99,9 @@ class RolloutPipeline:
     scorer: FILTER (a `rewards.GroupScorer`).
     selector: CONTROL's prompt selector.
     batch_size: B, groups per update.
-    dynamic_sampling, max_refills: the DAPO group filter and its generation budget.
+    dynamic_sampling, max_refills: the DAPO group filter and its generation budget (-1: refill
+      until B groups are informative, giving up only after `STALL_REFILLS` fruitless refills
+      in a row).
     fp4, fp4_pool_size, subset: Sol-RL's explorer format, pool size and subset mode.
     buffer: REPLAY's buffer (None: off).
     max_staleness: replayed groups older than this many updates are dropped.
@@ -135,7 +140,7 @@ class RolloutPipeline:
   selector: control.PromptSelector
   batch_size: int
   dynamic_sampling: bool = False
-  max_refills: int = 0
+  max_refills: int = -1
   fp4: str = ""
   fp4_pool_size: int = 0
   subset: str = "contrastive"
@@ -145,6 +150,7 @@ class RolloutPipeline:
   needs_seq_logprobs: bool = False
   ref_samples: int = 0
   ref_refresh: int = 0
+  presample: bool = False
   overlong_buffer: int = 0
   max_failure_frac: float = 0.5
   partial: Optional[replay.RolloutBuffer] = None
@@ -237,7 +243,7 @@ class RolloutPipeline:
       replayed = int(np.any(got.sample_mask, axis=1).sum())
       if replayed:
         parts.append(got.take(np.flatnonzero(np.any(got.sample_mask, axis=1))))
-    refill = 0
+    refill = informative = fruitless = 0
     ref_state = state.ref
     partial_state = state.partial
     aux = {"arrol": state.arrol, "generator": state.generator, "window": state.window,   # threaded through _generate
@@ -250,7 +256,8 @@ class RolloutPipeline:
       parts.append(part)
       break
     while self.partial is None:
-      plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B)
+      plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B,
+                                       **self._select_extras(params, stats))
       part, aux = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, aux, version)
       n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
       extra = {}
@@ -264,13 +271,19 @@ class RolloutPipeline:
       parts.append(part)
       if not self.dynamic_sampling:
         break
-      informative = sum(int(np.asarray(control.informative(p.rewards, p.sample_mask)).sum()) for p in parts)
+      found = int(np.asarray(control.informative(part.rewards, part.sample_mask)).sum())
+      informative += found
+      fruitless = 0 if found else fruitless + 1
       if informative >= B:
         break
-      if refill >= self.max_refills:
-        log.info("Step %d: dynamic sampling gave up after %d refills with %d of %d informative groups.",
-                 step + 1, refill, informative, B)
+      capped = 0 <= self.max_refills <= refill
+      if capped or fruitless >= STALL_REFILLS:
+        log.warning("Step %d: dynamic sampling stopped after %d refills with %d of %d informative groups "
+                    "(%s); the step trains on the %d it has.", step + 1, refill, informative, B,
+                    f"control.max_refills={self.max_refills}" if capped else
+                    f"{fruitless} generations in a row found none", informative)
         stats.add("dynamic_sampling_gave_up", 1.0)
+        stats.add("dynamic_sampling/shortfall", float(B - informative))
         break
       refill += 1
     batch = parts[0] if len(parts) == 1 else sampling.concat(parts)
@@ -681,6 +694,64 @@ class RolloutPipeline:
       stats.add("clusters_per_group", float(np.mean([len(set(row)) for row in ids.tolist()])))
     return batch.replace(**extras) if extras else batch
 
+  def _select_extras(self, params, stats) -> dict:
+    """What a selector's `select` may ask for beyond (state, key, B): HIVE's fresh prompt entropy."""
+    import inspect  # pylint: disable=g-import-not-at-top
+    if "prompt_entropy_fn" not in inspect.signature(self.selector.select).parameters:
+      return {}
+    return {"prompt_entropy_fn": lambda idx, tokens: self._prompt_entropy(params, np.asarray(idx), tokens, stats)}
+
+  def _prompt_entropy(self, params, idx: np.ndarray, tokens: int, stats) -> np.ndarray:
+    """float [P]: the policy's mean token entropy over a greedy `tokens`-token continuation of each prompt."""
+    ids, mask = self.prompter([self.examples[int(i)] for i in idx])
+    conf = self.sampling_config.replace(num_samples=1, max_new_tokens=tokens, greedy=True)
+    out = jax.device_get(self._sample(params, ids, mask, jax.random.key(0), conf))
+    m = np.asarray(out.completion_mask)[:, 0]
+    stats.add("hive/entropy_tokens", float(m.sum()))
+    return (np.asarray(out.entropy)[:, 0] * m).sum(1) / np.maximum(m.sum(1), 1)
+
+  def presample_state(self, state: PipelineState, ref_params, key) -> tuple[PipelineState, dict[str, float]]:
+    """PVPO's data pre-sampling (arXiv 2508.21104), before the first step.
+
+    The reference policy rolls out every training prompt `ref_samples` times, B prompts at a
+    time; the rewards fill the reference table (the advantage's anchors) and go to the
+    selector's `update` as `ref_rewards_BxM`, so the PVPO selector knows each prompt's
+    reference accuracy, and drops the always- and never-solved ones, before it picks any.
+    """
+    if not (self.presample and self.ref_samples):
+      return state, {}
+    n, B, stats = len(self.examples), self.batch_size, _Stats()
+    table, steps = np.asarray(state.ref.rewards).copy(), np.asarray(state.ref.step).copy()
+    ctl = state.control
+    for start in range(0, n, B):
+      idx = np.arange(start, min(start + B, n))
+      padded = np.concatenate([idx, np.full((B - idx.size,), idx[-1])])   # one program for every chunk
+      r = self._reference_rewards(padded, ref_params, jax.random.fold_in(key, start), stats)[:idx.size]
+      table[idx], steps[idx] = r, 0
+      plan = control.Plan(indices=jnp.asarray(idx, jnp.int32),
+                          budget=jnp.full((idx.size,), self.sampling_config.num_samples, jnp.int32))
+      zeros = np.zeros((idx.size, self.sampling_config.num_samples), np.float32)
+      ctl = self.selector.update(ctl, plan, zeros, zeros.astype(bool), ref_rewards_BxM=r.astype(np.float32),
+                                 ref_mask_BxM=np.ones(r.shape, bool))
+    acc = (table > 0.5).mean(axis=1)
+    info = {"ref/presample_rollouts": stats.get("ref/rollouts"), "ref/presample_solved_frac": float((acc >= 1).mean()),
+            "ref/presample_unsolved_frac": float((acc <= 0).mean()), "ref/presample_reward_mean": float(table.mean())}
+    log.info("PVPO pre-sampling: %d reference rollouts; %.0f%% of the prompts always solved, %.0f%% never.",
+             info["ref/presample_rollouts"], 100 * info["ref/presample_solved_frac"],
+             100 * info["ref/presample_unsolved_frac"])
+    return state.replace(control=ctl, ref=RefRewards(rewards=jnp.asarray(table), step=jnp.asarray(steps))), info
+
+  def _reference_rewards(self, prompts: np.ndarray, ref_params, key, stats) -> np.ndarray:
+    """float [len(prompts), ref_samples]: rewards of the reference policy's rollouts of these prompts."""
+    examples = [self.examples[int(i)] for i in prompts]
+    ids, mask = self.prompter(examples)
+    conf = self.sampling_config.replace(num_samples=self.ref_samples)
+    out = self._sample(ref_params, ids, mask, jax.random.fold_in(key, 3), conf)
+    rb = sampling.from_samples(ids, mask, out, prompt_index=prompts, policy_version=0)
+    r, _ = self._score(rb, examples, _Stats())
+    stats.add("ref/rollouts", float(self.ref_samples * len(prompts)))
+    return np.asarray(r)
+
   def _reference(self, batch: RolloutBatch, ref: RefRewards, ref_params, step: int, key, stats):
     """PVPO: reference-policy rewards of the batch's prompts, computed once per prompt (or per refresh)."""
     idx = np.asarray(batch.prompt_index)
@@ -689,14 +760,7 @@ class RolloutPipeline:
     todo = np.unique(idx[stale])
     table, steps = np.asarray(ref.rewards).copy(), np.asarray(ref.step).copy()
     if todo.size:
-      examples = [self.examples[int(i)] for i in todo]
-      ids, mask = self.prompter(examples)
-      conf = self.sampling_config.replace(num_samples=self.ref_samples)
-      out = self._sample(ref_params, ids, mask, jax.random.fold_in(key, 3), conf)
-      rb = sampling.from_samples(ids, mask, out, prompt_index=todo, policy_version=0)
-      r, _ = self._score(rb, examples, _Stats())
-      table[todo], steps[todo] = r, step
-      stats.add("ref/rollouts", float(self.ref_samples * todo.size))
+      table[todo], steps[todo] = self._reference_rewards(todo, ref_params, key, stats), step
     ref_rewards = table[np.maximum(idx, 0)]
     ref_mask = np.repeat((idx >= 0)[:, None], self.ref_samples, axis=1)
     stats.add("ref/reward_mean", float(ref_rewards[idx >= 0].mean()) if (idx >= 0).any() else 0.0)

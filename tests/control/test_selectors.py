@@ -197,6 +197,32 @@ def test_hive_prunes_low_entropy_prompts_from_the_learning_edge_pool():
   assert set(plan.indices.tolist()) <= {0, 1, 2, 3}
 
 
+def test_hive_fresh_entropy_ranks_the_pool_by_the_current_policy_not_stale_records():
+  sel = control.hive(8, num_samples=2, pool_factor=2.0, fresh_entropy=True, entropy_tokens=5)
+  state = sel.init()
+  # Stale records say prompts 0-3 are the uncertain ones; the fresh signal says 4-7.
+  plan0 = control.Plan(indices=jnp.arange(8, dtype=jnp.int32), budget=jnp.full((8,), 2, jnp.int32))
+  state = sel.update(state, plan0, jnp.zeros((8, 2)), jnp.ones((8, 2), bool),
+                     entropy_BxN=jnp.repeat(jnp.array([1., 1., 1., 1., 0., 0., 0., 0.])[:, None], 2, 1))
+  asked = []
+
+  def fresh(idx, tokens):
+    asked.append((sorted(np.asarray(idx).tolist()), tokens))
+    return (np.asarray(idx) >= 4).astype(np.float32)
+
+  plan, _ = sel.select(state, jax.random.key(0), 4, prompt_entropy_fn=fresh)
+  assert asked == [(list(range(8)), 5)]                  # one call on the whole pool (2B = 8)
+  assert sorted(plan.indices.tolist()) == [4, 5, 6, 7]
+  stale, _ = sel.select(state, jax.random.key(0), 4)     # no function given: the records
+  assert sorted(stale.indices.tolist()) == [0, 1, 2, 3]
+  plain = control.hive(8, num_samples=2, pool_factor=2.0)  # fresh_entropy off: the function is not called
+  asked.clear()
+  plain.select(state, jax.random.key(0), 4, prompt_entropy_fn=fresh)
+  assert asked == []
+  with pytest.raises(ValueError, match="entropy_tokens"):
+    control.hive(8, num_samples=2, entropy_tokens=0)
+
+
 def test_hive_history_counts_and_entropy_record():
   sel = control.hive(5, num_samples=3, history_decay=1.0)
   plan = base.Plan(jnp.array([3, 1]), jnp.array([3, 2]))

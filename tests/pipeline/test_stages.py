@@ -177,7 +177,8 @@ def test_dynamic_sampling_refills_until_informative_or_gives_up(monkeypatch, cap
   with caplog.at_level(logging.INFO):
     batch, state, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
   assert len(calls) == 3 and info["refills"] == 2 and info["dynamic_sampling_gave_up"] == 1
-  assert "gave up after 2 refills" in caplog.text
+  assert info["dynamic_sampling/shortfall"] == 4
+  assert "stopped after 2 refills with 0 of 4 informative groups (control.max_refills=2)" in caplog.text
   assert not np.asarray(batch.sample_mask).any()  # nothing informative: nothing carries loss
   assert int(state.control.position) == 12  # every refill drew new prompts
 
@@ -192,6 +193,39 @@ def test_dynamic_sampling_refills_until_informative_or_gives_up(monkeypatch, cap
   monkeypatch.setattr(rewards.GroupScorer, "__call__", mixed)
   batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
   assert len(calls) == 2 and info["refills"] == 1 and np.asarray(batch.sample_mask).all()
+
+
+def test_dynamic_sampling_by_default_refills_until_the_batch_is_full(monkeypatch, caplog):
+  """DAPO's rule (`max_refills=-1`): refill until B informative groups, however many it takes;
+  only a run of `STALL_REFILLS` fruitless generations stops it, with a warning and the shortfall."""
+  assert config_lib.ControlConfig().max_refills == -1 and pipeline_lib.RolloutPipeline.max_refills == -1
+  p, params = _pipeline(_exp(control={"dynamic_sampling": True}))
+  calls = []
+
+  def one_group_a_call(self, texts, refs=None, **kw):   # one informative group per generation
+    calls.append(1)
+    r = np.zeros((len(texts), len(texts[0])), np.float32)
+    r[0, 0] = 1
+    return r, {"answers": [[None] * len(texts[0])] * len(texts), "failures": 0}
+
+  monkeypatch.setattr(rewards.GroupScorer, "__call__", one_group_a_call)
+  batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
+  assert len(calls) == 4 and info["refills"] == 3 and "dynamic_sampling_gave_up" not in info
+  assert np.asarray(batch.sample_mask).all()                  # B = 4 informative groups
+
+  def flat(self, texts, refs=None, **kw):
+    calls.append(1)
+    return np.zeros((len(texts), len(texts[0])), np.float32), {"answers": [[None] * len(texts[0])] * len(texts),
+                                                               "failures": 0}
+
+  calls.clear()
+  monkeypatch.setattr(rewards.GroupScorer, "__call__", flat)
+  with caplog.at_level(logging.WARNING):
+    _, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
+  assert len(calls) == pipeline_lib.STALL_REFILLS and info["dynamic_sampling/shortfall"] == 4
+  assert f"{pipeline_lib.STALL_REFILLS} generations in a row found none" in caplog.text
+  with pytest.raises(ValueError, match="control.max_refills must be -1"):
+    _exp(control={"max_refills": -2})
 
 
 def test_label_free_rewards_never_read_references(monkeypatch):
@@ -236,8 +270,65 @@ def test_pvpo_reference_rewards_are_computed_once_per_prompt():
   np.testing.assert_array_equal(batch2.ref_rewards, table[np.asarray(batch2.prompt_index)])
 
 
-def test_replay_keeps_surplus_informative_groups_for_the_next_step(monkeypatch):
-  exp = _exp(control={"dynamic_sampling": True, "max_refills": 1}, replay={"name": "fifo", "capacity": 8})
+def test_pvpo_presamples_every_prompt_before_training_and_skips_solved_and_unsolved_ones(monkeypatch):
+  """control.name=pvpo: reference rollouts of all K prompts before step 1 (the paper's order), so
+  the very first selection already skips prompts the reference always or never solves."""
+  with pytest.raises(ValueError, match="control.name='pvpo' .* set reward.ref_samples > 0"):
+    _exp(control={"name": "pvpo"})
+  exp = _exp(rl={"advantage": "pvpo"}, reward={"ref_samples": 3}, control={"name": "pvpo"})
+  ref = lambda ex: str(tasks.get("arithmetic").reference(ex))
+  examples = list({ref(ex): ex for ex in data.generate_arithmetic(1, "train", 64, digits=2)}.values())[:12]
+  assert len(examples) == 12                                      # 12 distinct answers: the fake scorer's key
+  p, params = _pipeline(exp, examples)
+  assert p.presample
+  kind = {ref(ex): i % 3 for i, ex in enumerate(examples)}
+  calls = []
+
+  def by_prompt(self, texts, refs=None, **kw):   # prompt i: always (i%3=0), never (1) or half (2) solved
+    calls.append(len(texts))
+    rows = []
+    for ref, row in zip(refs, texts):
+      k = kind[str(ref)]
+      rows.append([1.0] * len(row) if k == 0 else [0.0] * len(row) if k == 1 else [float(j % 2) for j in range(len(row))])
+    return np.asarray(rows, np.float32), {"answers": [[None] * len(texts[0])] * len(texts), "failures": 0}
+
+  monkeypatch.setattr(rewards.GroupScorer, "__call__", by_prompt)
+  state, info = p.presample_state(p.init_state(), params, jax.random.key(0))
+  assert calls == [4, 4, 4] and info["ref/presample_rollouts"] == 36          # 12 prompts x 3, B = 4 at a time
+  assert info["ref/presample_solved_frac"] == pytest.approx(1 / 3)
+  assert info["ref/presample_unsolved_frac"] == pytest.approx(1 / 3)
+  assert (np.asarray(state.ref.step) == 0).all() and (np.asarray(state.control.ref_count) == 3).all()
+  batch, state, info = p.collect(state, params, 0, jax.random.key(1), ref_params=params)
+  assert sorted(i % 3 for i in np.asarray(batch.prompt_index)) == [2, 2, 2, 2]   # only the informative ones
+  assert info.get("ref/rollouts", 0.0) == 0.0                                       # anchors are cached
+  np.testing.assert_array_equal(batch.ref_rewards, np.asarray(state.ref.rewards)[np.asarray(batch.prompt_index)])
+  off = _pipeline(_exp(rl={"advantage": "pvpo"}, reward={"ref_samples": 3}), examples)[0]
+  assert off.presample_state(off.init_state(), params, jax.random.key(0))[1] == {}   # lazy without the selector
+
+
+def test_hive_with_fresh_entropy_scores_its_pool_with_the_current_policy_in_the_loop(monkeypatch):
+  exp = _exp(control={"name": "hive", "kwargs": "fresh_entropy=True,entropy_tokens=4,pool_factor=2.0"})
+  p, params = _pipeline(exp)
+  pools = []
+  real = pipeline_lib.RolloutPipeline._prompt_entropy
+
+  def spy(self, params_, idx, tokens, stats):
+    ent = real(self, params_, idx, tokens, stats)
+    assert ent.shape == (len(idx),) and np.isfinite(ent).all() and (ent >= 0).all()
+    pools.append(dict(zip(idx.tolist(), ent.tolist())))
+    return ent
+
+  monkeypatch.setattr(pipeline_lib.RolloutPipeline, "_prompt_entropy", spy)
+  batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
+  assert len(pools) == 1 and len(pools[0]) == 8 and 0 < info["hive/entropy_tokens"] <= 8 * 4
+  chosen = np.asarray(batch.prompt_index).tolist()
+  ranked = sorted(pools[0], key=pools[0].get, reverse=True)
+  assert min(pools[0][i] for i in chosen) >= pools[0][ranked[3]] - 1e-6   # the pool's 4 most uncertain
+
+
+@pytest.mark.parametrize("buffer", ["fifo", "prioritized"])
+def test_replay_keeps_surplus_informative_groups_for_the_next_step(monkeypatch, buffer):
+  exp = _exp(control={"dynamic_sampling": True, "max_refills": 1}, replay={"name": buffer, "capacity": 8})
   p, params = _pipeline(exp)
 
   def all_informative(self, texts, refs=None, **kw):
@@ -260,6 +351,9 @@ def test_replay_keeps_surplus_informative_groups_for_the_next_step(monkeypatch):
   monkeypatch.setattr(control, "informative", fake)
   batch, state, info = p.collect(state, params, 1, jax.random.key(1))
   assert info["refills"] == 1 and info["replay/stored"] == 2 and int(state.replay.size) == 2
+  if buffer == "prioritized":   # a stored group's priority: its mean |normalized advantage| (1 of 4 right)
+    live = np.asarray(state.replay.valid)
+    np.testing.assert_allclose(np.asarray(state.replay.priority)[live], np.sqrt(3) / 2, atol=1e-5)
   stored = set(np.asarray(state.replay.data.prompt_index)[np.asarray(state.replay.valid)].tolist())
   monkeypatch.setattr(control.filters, "informative", real_informative)
   monkeypatch.setattr(control, "informative", real_informative)

@@ -1,4 +1,4 @@
-"""REPLAY contract: a fixed-capacity FIFO buffer of rollout groups."""
+"""REPLAY contract: fixed-capacity buffers of rollout groups (FIFO, prioritized)."""
 
 import jax
 import numpy as np
@@ -70,3 +70,35 @@ def test_unknown_buffer_names_the_key():
   assert replay.get("none") is None and replay.get("fifo") is replay.fifo
   with pytest.raises(ValueError, match="replay.name: unknown replay buffer 'lifo'"):
     replay.get("lifo")
+
+
+def _draw_freq(buf, state, draws=2000, **kw):
+  """How often each stored prompt comes out first when one group is sampled (fresh keys)."""
+  first = [int(buf.sample(state, jax.random.key(i), 1, **kw)[0].prompt_index[0]) for i in range(draws)]
+  return {p: first.count(p) / draws for p in set(first)}
+
+
+@pytest.mark.parametrize("alpha,want", [(0.0, 0.5), (1.0, 0.75), (2.0, 0.9)])
+def test_prioritized_draws_groups_in_proportion_to_priority_to_the_alpha(alpha, want):
+  buf = replay.prioritized(4, _groups([0]), alpha=alpha)
+  state = buf.add(buf.init(), _groups([1, 3]), priority_B=np.array([1.0, 3.0]))
+  assert _draw_freq(buf, state)[3] == pytest.approx(want, abs=0.04)
+
+
+def test_prioritized_evicts_the_least_useful_and_never_stores_groups_that_teach_nothing():
+  buf = replay.prioritized(2, _groups([0]))
+  state = buf.add(buf.init(), _groups([1, 3]), priority_B=np.array([1.0, 3.0]))
+  state = buf.add(state, _groups([2]), priority_B=np.array([2.0]))
+  assert sorted(np.asarray(state.data.prompt_index)[np.asarray(state.valid)].tolist()) == [2, 3]
+  flat = _groups([7]).replace(rewards=np.ones((1, N), np.float32))            # all samples equal
+  assert float(replay.prioritized(2, _groups([0])).add(buf.init(), flat).valid.sum()) == 0
+  batch, state = buf.sample(state, jax.random.key(0), 2)                      # each comes out once
+  assert sorted(np.asarray(batch.prompt_index).tolist()) == [2, 3] and int(state.valid.sum()) == 0
+
+
+def test_prioritized_discounts_stale_groups():
+  buf = replay.prioritized(4, _groups([0]), staleness_decay=0.5)
+  state = buf.add(buf.init(), _groups([1], version=0), priority_B=np.array([1.0]))
+  state = buf.add(state, _groups([2], version=2), priority_B=np.array([1.0]))
+  assert _draw_freq(buf, state, version=2)[2] == pytest.approx(0.8, abs=0.04)   # 1 vs 0.5 ** 2
+  assert _draw_freq(buf, state)[2] == pytest.approx(0.5, abs=0.04)              # no version: no decay

@@ -36,7 +36,7 @@ def _exp(**rollout_section):
 
 def test_names_and_settings_are_checked_with_their_config_keys():
   assert rollout.names()[0] == "sample" and {"spec_rl", "tree"} <= set(rollout.names())
-  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, spec_rl"):
+  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, self_spec, spec_rl"):
     _exp(generator="beam")
   with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'"):
     rollout.build("beam", CTX)
@@ -90,6 +90,49 @@ def test_spec_rl_second_visit_accepts_its_drafts_and_decodes_less():
   # A prompt never seen before is sampled afresh.
   _, _, s3 = gen.generate(state, PARAMS, _prompts([2, 3]), jax.random.key(2), version=1)
   assert "spec/draft_tokens" not in s3
+
+
+def test_self_spec_generator_is_efficient_rollout_with_its_acceptance_ema_as_state():
+  """EfficientRollout (`rollout.generator=self_spec`): the FP4 drafter's rounds, the EMA carried
+  from step to step; with speculation switched off it is plain sampling on the same key."""
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'self_spec'.*'fmt'.*nvfp4, mxfp4"):
+    rollout.build("self_spec", CTX, fmt="int4")
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'self_spec'.*'gamma_max'"):
+    rollout.build("self_spec", CTX, gamma_max=0)
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'self_spec'.*'draft'"):
+    _exp(generator="self_spec", generator_kwargs="draft=2")
+  prompts = _prompts([0, 3, 5])
+  gen = rollout.build("self_spec", CTX, fmt="mxfp4", gamma_max=3)
+  state = gen.init()
+  assert float(state) == pytest.approx(0.7)
+  batch, state2, stats = gen.generate(state, PARAMS, prompts, jax.random.key(7), version=2)
+  assert batch.completion_ids.shape[:2] == (3, 4) and (batch.policy_version == 2).all()
+  assert stats["spec/speculated"] == 1.0 and stats["spec/draft_tokens"] > 0
+  assert 0 <= stats["spec/accepted_tokens"] <= stats["spec/tested_tokens"] <= stats["spec/draft_tokens"]
+  assert float(state2) == pytest.approx(stats["spec/acceptance_ema"]) and float(state2) != pytest.approx(0.7)
+  assert stats["generated_tokens"] == np.asarray(batch.lengths).sum()
+  # Behaviour log-probs are the full-precision policy's, as the trainer computes them.
+  lp, _ = models.token_logprobs(CFG, PARAMS, *_teacher_forced(batch), temperature=CONF.temperature)
+  np.testing.assert_allclose(np.asarray(batch.behaviour_logprobs)[np.asarray(batch.completion_mask)],
+                             np.asarray(lp).reshape(batch.completion_ids.shape)[np.asarray(batch.completion_mask)],
+                             atol=2e-5)
+  plain = rollout.build("self_spec", CTX, max_spec_rows=0)   # never speculates: plain sampling
+  pb, _, pstats = plain.generate(plain.init(), PARAMS, prompts, jax.random.key(7), version=2)
+  sb, _, _ = rollout.build("sample", CTX).generate(None, PARAMS, prompts, jax.random.key(7), version=2)
+  assert pstats["spec/speculated"] == 0.0
+  np.testing.assert_array_equal(pb.completion_ids, sb.completion_ids)
+  np.testing.assert_array_equal(pb.behaviour_logprobs, sb.behaviour_logprobs)
+
+
+def _teacher_forced(batch):
+  """(tokens [R, P+T], mask [R, P+T], P) of a batch's rows, for `models.token_logprobs`."""
+  B, N, T = batch.completion_ids.shape
+  P = batch.prompt_ids.shape[1]
+  prompt = np.repeat(np.asarray(batch.prompt_ids), N, axis=0)
+  pmask = np.repeat(np.asarray(batch.prompt_mask), N, axis=0)
+  tokens = np.concatenate([prompt, np.asarray(batch.completion_ids).reshape(B * N, T)], axis=1)
+  mask = np.concatenate([pmask, np.asarray(batch.completion_mask).reshape(B * N, T)], axis=1)
+  return tokens, mask, P
 
 
 def test_tree_generator_samples_the_leaves_of_tree_sample():

@@ -231,3 +231,56 @@ def test_save_and_load_params(tmp_path):
     load_params(tmp_path / "p", {**other, "embed": jnp.zeros((4, 5))})
   with pytest.raises(FileNotFoundError):
     load_params(tmp_path / "nothing", _abstract(other))
+
+
+def test_a_full_disk_is_one_named_error_and_the_half_written_step_is_removed(tmp_path, monkeypatch):
+  """orbax reports ENOSPC as a ValueError from tensorstore (measured on a 3 MB tmpfs)."""
+  ckpt = Checkpointer(tmp_path, save_every=1)
+  assert ckpt.save(1, {"w": jnp.ones((4,))})
+  real_save = ckpt._manager.save
+
+  def full(step, **kw):
+    (tmp_path / f"{step}.orbax-checkpoint-tmp").mkdir()
+    raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database at local file "{tmp_path}": '
+                     "Failed to write 4096000 bytes to file 7: No space left on device [os_error_code='28']")
+
+  monkeypatch.setattr(ckpt._manager, "save", full)
+  with pytest.raises(checkpoint.CheckpointDiskFullError) as info:
+    ckpt.save(2, {"w": jnp.ones((1000,), jnp.float32)})
+  message = str(info.value.strerror)
+  assert str(tmp_path) in message and "step 2 needs about 4,000 bytes" in message
+  assert "last good checkpoint is step 1" in message and info.value.errno == 28
+  assert sorted(os.listdir(tmp_path)) == ["1"]                 # the half-written step is gone
+
+  def other(step, **kw):
+    raise ValueError("a different failure")
+
+  monkeypatch.setattr(ckpt._manager, "save", other)
+  with pytest.raises(ValueError, match="a different failure"):
+    ckpt.save(3, {"w": jnp.ones((4,))})
+  monkeypatch.setattr(ckpt._manager, "save", real_save)
+  assert ckpt.save(3, {"w": jnp.ones((4,))}) and ckpt.all_steps() == [1, 3]
+
+
+def test_orbax_info_records_are_quiet_unless_debugging(tmp_path):
+  import logging
+  from absl import logging as absl_logging
+  orbax_file = os.path.join("x", "site-packages", "orbax", "checkpoint", "checkpoint_manager.py")
+
+  def record(level, msg, path=orbax_file):
+    return logging.LogRecord("absl", level, path, 1, msg, None, None)
+
+  quiet = checkpoint._QUIET_ORBAX
+  assert not quiet.filter(record(logging.INFO, "Saving checkpoint at step 4"))
+  assert quiet.filter(record(logging.WARNING, "something odd"))
+  assert not quiet.filter(record(logging.ERROR, "_SignalingThread.run() raised: No space left on device"))
+  assert quiet.filter(record(logging.INFO, "our own line", path=os.path.join("rollouts_jax", "training", "loop.py")))
+  before = absl_logging.get_verbosity()
+  try:
+    absl_logging.set_verbosity(absl_logging.DEBUG)
+    assert quiet.filter(record(logging.INFO, "Saving checkpoint at step 4"))
+  finally:
+    absl_logging.set_verbosity(before)
+  Checkpointer(tmp_path, save_every=1)                        # installs the filter (once)
+  Checkpointer(tmp_path, save_every=1)
+  assert logging.getLogger("absl").filters.count(quiet) == 1

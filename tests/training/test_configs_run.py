@@ -72,3 +72,36 @@ def test_smoke_config_runs_one_step(name, tmp_path, shared_cache, monkeypatch):
     assert 0.0 <= summary[when]["eval/pass@1"] <= 1.0
   if exp.rollout.fp4:
     assert "sol/fp4_logprob_gap" in step_rows[0] and "sol/pool_reward_mean" in step_rows[0]
+
+
+def test_no_config_trains_on_a_test_split_unless_its_reward_is_label_free():
+  """Every config file (each arm of those with arms), read as written (no validation)."""
+  import runpy
+  from rollouts_jax import rewards, tasks
+  checked = 0
+  for name in CONFIGS:
+    path = REPO / "configs" / f"{name}.py"
+    arms = list(runpy.run_path(str(path)).get("ARMS", [None]))
+    for arm in arms:
+      config = config_lib.load_config_file(path, arm if name != "gsm8k_qwen" else "/nowhere")
+      checked += 1
+      if not tasks.get(config.data.task).has_train_split:
+        terms = [t for t, _ in rewards.parse_reward_spec(config.reward.name)]
+        assert all(t in rewards.GROUP_TERMS for t in terms), (name, arm, config.reward.name)
+        assert config.model.init != "sft", (name, arm)
+  assert checked > len(CONFIGS)
+
+
+@pytest.mark.parametrize("task", ["math500", "aime24", "amc23"])
+def test_test_set_only_tasks_refuse_rewards_that_read_answers(task):
+  from rollouts_jax import tasks
+  assert not tasks.get(task).has_train_split
+  assert tasks.get("gsm8k").has_train_split and tasks.get("arithmetic").has_train_split
+  pretrained = {"model": {"init": "gguf", "path": "smollm2"}, "tokenizer": {"kind": "gguf"}}
+  for reward in ("task", "ttrl+0.5*task", "format"):
+    with pytest.raises(ValueError, match=f"data.task='{task}' has only a test split.*reward.name='"):
+      config_lib.from_config_dict(dict(pretrained, data={"task": task}, reward={"name": reward}))
+  with pytest.raises(ValueError, match="model.init='sft' would fine-tune on its reference solutions"):
+    config_lib.from_config_dict({"data": {"task": task}, "reward": {"name": "ttrl"}})
+  for reward in ("ttrl", "dare"):   # test-time RL: label-free
+    assert config_lib.from_config_dict(dict(pretrained, data={"task": task}, reward={"name": reward}))

@@ -171,3 +171,65 @@ def test_one_majority_vote_everywhere():
     merged = rewards.canonicalize_answers(answers, math.same)
     idx = majority_answer(merged)
     assert (None if idx is None else merged[idx]) == tasks.majority_answer(math, answers)[0], answers
+
+
+def test_test_time_selection_rules_pick_different_samples():
+  """BoN takes the top-scored sample, BoM the best-scored frequent answer, soft-SC the answer
+  whose best sample scores highest; a prompt with no answer counts as wrong."""
+  from rollouts_jax.training import evaluation
+  answers = [["1", "2", "2", "2"], [None, None, None, None]]
+  correct = np.array([[True, False, False, False], [False] * 4])
+  scores = np.array([[-0.3, -0.2, -0.9, -0.9], [-0.1, -0.2, -0.3, -0.4]])
+  got = evaluation.selection_accuracy(["bon", "bom", "soft_sc"], answers, correct, scores, 4)
+  # prompt 0: bon -> sample 1 ("2", wrong); bom: "1" scores -0.3 > mean(-0.2, -0.9, -0.9) -> right;
+  # soft-SC (max): "2" has -0.2 > -0.3 -> wrong. Prompt 1: nothing to choose.
+  assert got == {"eval/bon@4": 0.0, "eval/bom@4": 0.5, "eval/soft_sc@4": 0.0}
+  with pytest.raises(ValueError, match="eval.selection.*'best'"):
+    evaluation.Evaluator(None, type("P", (), {"task": None})(), None, selection=("best",))
+
+
+def test_selection_rules_run_in_the_loop_from_the_config(tmp_path, monkeypatch):
+  import pathlib
+  from rollouts_jax.training import config as config_lib, loop
+  from rollouts_jax.training.metrics import read_jsonl
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  monkeypatch.setattr(loop, "plot_curves", lambda *a, **k: [])
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  config = config_lib.load_config_file(repo / "configs" / "default.py", "smoke")
+  config.eval.selection = "bon,bom,soft_sc"
+  summary = loop.train(config_lib.from_config_dict(config), tmp_path / "run", progress=False)
+  k = config.eval.k
+  for when in ("before", "after"):
+    for rule in ("bon", "bom", "soft_sc"):
+      assert 0.0 <= summary[when][f"eval/{rule}@{k}"] <= summary[when][f"eval/pass@{k}"]
+  assert f"eval/bom@{k}" in read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]
+
+
+def test_deeplook_is_a_config_key_of_every_evaluation(tmp_path, monkeypatch):
+  """eval.deeplook: DeepLook decodes the same prompts beside plain sampling, in the loop's evaluations."""
+  import pathlib
+  from rollouts_jax.training import config as config_lib, loop
+  with pytest.raises(ValueError, match="eval.deeplook_kwargs: DeepLook has no setting 'depth'"):
+    config_lib.from_config_dict({"eval": {"deeplook": True, "deeplook_kwargs": "depth=3"}})
+  with pytest.raises(ValueError, match="eval.deeplook_kwargs.*horizon must be >= 1"):
+    config_lib.from_config_dict({"eval": {"deeplook": True, "deeplook_kwargs": "horizon=0"}})
+  with pytest.raises(ValueError, match="eval.deeplook_kwargs vote_weight"):
+    config_lib.from_config_dict({"eval": {"deeplook": True, "deeplook_kwargs": "vote_weight=loud"}})
+  with pytest.raises(ValueError, match="eval.deeplook is False"):
+    config_lib.from_config_dict({"eval": {"deeplook_kwargs": "k=2"}})
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  monkeypatch.setattr(loop, "plot_curves", lambda *a, **k: [])
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  config = config_lib.load_config_file(repo / "configs" / "default.py", "smoke")
+  config.eval.deeplook = True
+  config.eval.deeplook_kwargs = "k=2,horizon=2,margin=-10.0,rank_by=logprob,vote_weight=likelihood"
+  exp = config_lib.from_config_dict(config)
+  ev = loop.evaluator(exp, *loop.load_policy(exp, loop.load_task(exp)[0])[::2])
+  assert ev.deeplook.k == 2 and ev.deeplook.rank_by == "logprob" and ev.deeplook_vote == "likelihood"
+  summary = loop.train(exp, tmp_path / "run", progress=False)
+  k = config.eval.k
+  for when in ("before", "after"):
+    row = summary[when]
+    assert 0.0 <= row[f"eval/deeplook@{k}"] <= 1.0
+    # margin -10 triggers a lookahead wherever one fits: DeepLook decodes more than plain sampling.
+    assert row["eval/deeplook_tokens_per_prompt"] > row["eval/tokens_per_prompt"] > 0

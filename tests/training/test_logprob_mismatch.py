@@ -92,3 +92,31 @@ def test_logprob_mismatch_by_hand():
   np.testing.assert_allclose(float(m["mismatch_frac_gt_0.1"]), 0.5)
   empty = rl.logprob_mismatch(sampler, trainer, jnp.zeros_like(mask))
   assert all(float(v) == 0.0 for v in empty.values())
+
+
+def test_top_k_behaviour_log_probs_are_the_truncated_distribution_and_need_the_is_correction():
+  """Our documented choice: with top-k the behaviour log-probs are mu's (the truncated law that
+  drew the tokens), above the full softmax pi the update scores; the config demands rl.tis_cap,
+  whose weight min(pi / mu, cap) is below 1 on exactly those tokens."""
+  from rollouts_jax.training import config as config_lib
+  params = models.init_params(CFG, jax.random.key(3))
+  rng = np.random.default_rng(0)
+  ids, mask = np.asarray(rng.integers(3, 24, (2, 5)), np.int32), np.ones((2, 5), bool)
+  conf = sampling.SamplingConfig(num_samples=4, max_new_tokens=6, temperature=TEMPERATURE, eos_id=5, top_k=3,
+                                 prompt_buckets=())
+  out = sampling.sample(CFG, params, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(1), conf)
+  batch = sampling.from_samples(ids, mask, out, prompt_index=np.arange(2), policy_version=0)
+  B, N, T = batch.completion_ids.shape
+  tokens = np.concatenate([np.repeat(ids, N, 0), np.asarray(batch.completion_ids).reshape(B * N, T)], 1)
+  attn = np.concatenate([np.repeat(mask, N, 0), np.asarray(batch.completion_mask).reshape(B * N, T)], 1)
+  full, _ = models.token_logprobs(CFG, params, tokens, attn, 5, temperature=TEMPERATURE)
+  m = np.asarray(batch.completion_mask).reshape(B * N, T)
+  gap = (np.asarray(batch.behaviour_logprobs).reshape(B * N, T) - np.asarray(full))[m]
+  assert (gap > 1e-4).all()                        # mu renormalises the top 3: every kept token gains mass
+  weights = np.minimum(np.exp(-gap), 2.0)          # the TIS weight of each token
+  assert (weights < 1.0).all()
+  with pytest.raises(ValueError, match="rollout.top_k=3 samples from a truncated distribution.*rl.tis_cap"):
+    config_lib.from_config_dict({"rollout": {"top_k": 3}})
+  with pytest.raises(ValueError, match="rollout.top_p=0.9 does not combine with rollout.distill"):
+    config_lib.from_config_dict({"rollout": {"top_p": 0.9, "distill": "opd"}, "rl": {"tis_cap": 2.0}})
+  assert config_lib.from_config_dict({"rollout": {"top_k": 3}, "rl": {"tis_cap": 2.0}}).rl.tis_cap == 2.0

@@ -150,6 +150,23 @@ def test_progress_bar_and_print(tmp_path, capsys):
   assert "step 2: reward_mean=0.5 loss=1" in out and "step 1:" not in out and "step 3:" not in out
 
 
+def test_progress_bar_of_a_fresh_run_starts_at_zero_without_warnings(tmp_path, capsys):
+  """The loop truncates a fresh run after step -1 and logs its before-eval at step 0."""
+  import warnings
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")                 # tqdm's "clamping frac" would raise here
+    with metrics.MetricsLogger(tmp_path, tensorboard=False, total_steps=4) as log:
+      log.truncate_after(-1)
+      assert log._bar.n == 0
+      log.log(0, {"eval/pass@1": 0.1})
+      assert log._bar.n == 0
+      for s in range(1, 6):                        # a step past the total does not overrun it
+        log.log(s, {"reward_mean": 0.5})
+      assert log._bar.n == 4
+  err = capsys.readouterr().err
+  assert "-1/4" not in err and "-100%" not in err and "4/4" in err
+
+
 def test_smooth_matches_recurrence():
   x = np.array([4.0, 0.0, 2.0, 8.0])
   w = 0.6

@@ -27,7 +27,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from rollouts_jax.training import interrupts
+from rollouts_jax.io import interrupts
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 config_flags.DEFINE_config_file("config", os.path.join(_HERE, "..", "configs", "default.py"),
@@ -63,7 +63,7 @@ def main(argv):
 
 
 def _run():
-  from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
   from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
   if FLAGS.workdir:

@@ -105,7 +105,7 @@ def _run_until_kill(proc, kind, ckpt_dir: pathlib.Path, rng, args, ref_seconds):
 
 
 def _final_state(workdir: pathlib.Path):
-  from rollouts_jax.training.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.io.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   with Checkpointer(workdir / "checkpoints", save_every=1) as ckpt:
     return ckpt.read()
 

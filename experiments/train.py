@@ -20,7 +20,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from rollouts_jax import sharding
-from rollouts_jax.training import interrupts
+from rollouts_jax.io import interrupts
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 config_flags.DEFINE_config_file("config", os.path.join(_HERE, "..", "configs", "default.py"),
@@ -65,7 +65,7 @@ def main(argv):
   except KeyboardInterrupt:
     _exit_interrupted(FLAGS.workdir)
   except OSError as e:
-    from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+    from rollouts_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
     if not isinstance(e, checkpoint.CheckpointDiskFullError):
       raise
     _exit_interrupted(FLAGS.workdir, f"Stopped: {e.strerror}", code=1)

@@ -34,3 +34,23 @@ def test_replay_stores_batches_without_knowing_how_they_were_generated():
 def test_the_batch_type_has_one_definition():
   defined = [p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py") if "class RolloutBatch" in p.read_text()]
   assert defined == ["types.py"]
+
+
+def test_the_config_imports_no_training_module_so_there_is_no_import_circle():
+  """training/config.py checks every section with the stages' own registries, never with the
+  modules that consume the config (rl_step, async_rollouts ... import it)."""
+  text = (PKG / "training" / "config.py").read_text()
+  training = {n.module for n in ast.walk(ast.parse(text))
+              if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("rollouts_jax.training")}
+  training |= {f"rollouts_jax.training.{a.name}" for n in ast.walk(ast.parse(text))
+               if isinstance(n, ast.ImportFrom) and n.module == "rollouts_jax.training" for a in n.names}
+  assert training == set()
+
+
+def test_io_and_sharding_sit_below_training():
+  """Checkpoints, metrics, plots, interrupts and locks know no stage and no config; sharding builds
+  its checkpoint helpers on them, never on training."""
+  for path in sorted((PKG / "io").glob("*.py")):
+    assert _package_imports(path) <= {"io"}, path.name
+  for path in sorted((PKG / "sharding").glob("*.py")):
+    assert "training" not in _package_imports(path), path.name

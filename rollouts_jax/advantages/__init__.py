@@ -24,12 +24,31 @@ from rollouts_jax.advantages.transforms import (batch_std, clip, group_mean, gro
 #: The recipe names a config may use (`rl.advantage`).
 RECIPES = ("grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils")
 
+
+def build(name: str, **kwargs) -> AdvantageTransform:
+  """The recipe `name` with its keyword arguments; errors name `rl.advantage` / `rl.advantage_kwargs`.
+
+  >>> build("mc_grpo", mad_fallback=False) is not None
+  True
+  >>> build("ppo")
+  Traceback (most recent call last):
+  ...
+  ValueError: Config key rl.advantage: unknown advantage recipe 'ppo'; known: grpo, dr_grpo, rloo, mc_grpo, uniqueness_grpo, xrpo, pvpo, erils.
+  """
+  if name not in RECIPES:
+    raise ValueError(f"Config key rl.advantage: unknown advantage recipe {name!r}; known: {', '.join(RECIPES)}.")
+  try:
+    return globals()[name](**kwargs)
+  except TypeError as e:
+    settings = ",".join(f"{k}={v}" for k, v in kwargs.items())
+    raise ValueError(f"Config key rl.advantage_kwargs={settings!r} does not fit recipe {name!r}: {e}") from None
+
 __all__ = [
     "AdvantageTransform", "ChainState", "EmptyState", "apply", "chain",
     "group_mean_baseline", "leave_one_out_baseline", "group_median_baseline",
     "scale_by_group_std", "scale_by_batch_std", "batch_std", "clip", "uniqueness_reweight",
     "novelty_sharpen", "reference_anchor", "group_mean", "group_std", "group_median",
-    "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils", "per_source", "RECIPES",
+    "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils", "per_source", "RECIPES", "build",
     "clustering", "cluster_by_answer", "cluster_by_judge", "llm_judge", "pairwise_judge",
     "tree", "tree_node_advantages", "echo_hybrid_advantages", "normalized_confidence", "mean_token_confidence",
 ]

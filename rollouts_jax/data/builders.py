@@ -398,7 +398,7 @@ def prepare(builder: tfds.core.DatasetBuilder, *, rebuild: bool = False,
     raise ValueError(f"manual_dir is only for the benchmark builders, not {builder.name!r}")
   if not rebuild and builder.is_prepared():
     return builder if builder.info.splits else _same_builder(builder)
-  from rollouts_jax import filelock  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.io import filelock  # pylint: disable=g-import-not-at-top
   mode = (tfds.download.GenerateMode.FORCE_REDOWNLOAD if rebuild else
           tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS)
   with filelock.FileLock(_lock_path(builder), timeout_s=_LOCK_TIMEOUT_S,

@@ -1,4 +1,4 @@
-"""Save/restore of sharded pytrees onto any mesh (the one checkpointer of `training.checkpoint`)."""
+"""Save/restore of sharded pytrees onto any mesh (the one checkpointer of `io.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def abstract_tree(tree: Any, shardings: Any = None) -> Any:
 
 
 def save_sharded(path, tree: Any, *, force: bool = False) -> None:
-  """Saves a pytree of (sharded) arrays; every process calls it (see `training.checkpoint.save_params`).
+  """Saves a pytree of (sharded) arrays; every process calls it (see `io.checkpoint.save_params`).
 
   Each process writes the shards it owns; the call returns when the checkpoint is complete on
   disk, with checksums of its files.
@@ -36,7 +36,7 @@ def save_sharded(path, tree: Any, *, force: bool = False) -> None:
 
   save_sharded("ckpt/step_100", state)
   """
-  from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
   checkpoint.save_params(path, tree, force=force)
 
 
@@ -45,7 +45,7 @@ def restore_sharded(path, target: Any) -> Any:
 
   A checkpoint written on one mesh restores on another: each device reads just the
   slices its target shards need. Checksums and finiteness are verified
-  (`training.checkpoint.load_params`).
+  (`io.checkpoint.load_params`).
 
   Args:
     path: the checkpoint directory given to `save_sharded`.
@@ -57,7 +57,7 @@ def restore_sharded(path, target: Any) -> Any:
 
   params = restore_sharded("ckpt/step_100", abstract_params(cfg, mesh, rules))
   """
-  from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
 
   def as_abstract(x):
     if isinstance(x, jax.ShapeDtypeStruct):

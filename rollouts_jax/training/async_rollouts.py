@@ -47,9 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rollouts_jax.training.config import OLD_LOGPROBS  # noqa: F401  (its options, defined with the config)
 from rollouts_jax.training.rl_step import batch_logprobs
-
-OLD_LOGPROBS = ("recompute", "snapshot", "ewma")
 
 
 def batch_version(step: int, max_staleness: int) -> int:

@@ -28,6 +28,8 @@ from typing import Any, Mapping
 # rollout.distill: on-policy distillation's rollout modes, each with the single-sample advantage
 # or (suffix "_full") the full-vocabulary reverse KL.
 DISTILL_MODES = ("", "opd", "esr", "adwin", "opd_full", "esr_full", "adwin_full")
+#: `async_rl.old_logprobs`: how an asynchronous step gets the ratio's old log-probs.
+OLD_LOGPROBS = ("recompute", "snapshot", "ewma")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,9 +431,8 @@ def _one_of(value, options, key):
 
 def validate(cfg: ExperimentConfig) -> None:
   """Checks that can be made before anything is built or compiled (every name, size and sign)."""
-  from rollouts_jax import control, losses, replay, rewards, rollout, tasks  # pylint: disable=g-import-not-at-top
+  from rollouts_jax import advantages, control, losses, replay, rewards, rollout, tasks  # pylint: disable=g-import-not-at-top
   from rollouts_jax.models import SUPPORTED_MODEL_TYPES  # pylint: disable=g-import-not-at-top
-  from rollouts_jax.training import rl_step  # pylint: disable=g-import-not-at-top
   m = cfg.model
   _one_of(m.init, ("sft", "hf", "gguf", "random"), "model.init")
   if m.init == "gguf":
@@ -636,7 +637,7 @@ def validate(cfg: ExperimentConfig) -> None:
 
   rl = cfg.rl
   _positive(rl.steps, "rl.steps")
-  transform = rl_step.advantage_transform(rl)  # names the recipe or a bad keyword argument
+  transform = advantages.build(rl.advantage, **parse_kwargs(rl.advantage_kwargs, "rl.advantage_kwargs"))
   del transform
   _one_of(rl.loss_kind, losses.KINDS, "rl.loss_kind")
   _one_of(rl.agg, losses.AGG_MODES, "rl.agg")
@@ -675,7 +676,6 @@ def validate(cfg: ExperimentConfig) -> None:
       raise ValueError(f"rl.advantage={rl.advantage!r} needs reference rewards: set reward.ref_samples > 0.")
   ac = cfg.async_rl
   _positive(ac.max_staleness, "async_rl.max_staleness", allow_zero=True)
-  from rollouts_jax.training.async_rollouts import OLD_LOGPROBS  # pylint: disable=g-import-not-at-top
   _one_of(ac.old_logprobs, OLD_LOGPROBS, "async_rl.old_logprobs")
   if not 0.0 < ac.ewma_beta < 1.0:
     raise ValueError(f"Config key async_rl.ewma_beta must be in (0, 1), got {ac.ewma_beta}.")

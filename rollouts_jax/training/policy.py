@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from rollouts_jax import data as data_lib
-from rollouts_jax import filelock
+from rollouts_jax.io import filelock
 from rollouts_jax import models, tasks
 from rollouts_jax.models import gguf
 from rollouts_jax.training.config import DataConfig, ModelSectionConfig, SFTConfig, TokenizerConfig

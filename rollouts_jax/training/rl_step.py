@@ -78,15 +78,7 @@ def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainS
 
 def advantage_transform(rl: RLConfig) -> advantages_lib.AdvantageTransform:
   """The named advantage recipe of the config with its keyword arguments (`rl.advantage_kwargs`)."""
-  if rl.advantage not in advantages_lib.RECIPES:
-    raise ValueError(f"Config key rl.advantage: unknown advantage recipe {rl.advantage!r}; known: "
-                     f"{', '.join(advantages_lib.RECIPES)}.")
-  kwargs = parse_kwargs(rl.advantage_kwargs, "rl.advantage_kwargs")
-  try:
-    return getattr(advantages_lib, rl.advantage)(**kwargs)
-  except TypeError as e:
-    raise ValueError(f"Config key rl.advantage_kwargs={rl.advantage_kwargs!r} does not fit recipe "
-                     f"{rl.advantage!r}: {e}") from None
+  return advantages_lib.build(rl.advantage, **parse_kwargs(rl.advantage_kwargs, "rl.advantage_kwargs"))
 
 
 def completion_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array, mask_RxL: jax.Array,

@@ -1,6 +1,6 @@
 """A workdir belongs to one run: a process lock, a config fingerprint, and cross-process builds.
 
-* :class:`FileLock` (from :mod:`rollouts_jax.filelock`): an exclusive ``fcntl.flock`` lock on a
+* :class:`FileLock` (from :mod:`rollouts_jax.io.filelock`): an exclusive ``fcntl.flock`` lock on a
   file, dropped by the kernel when the holder exits however it dies (``kill -9`` included), so
   a stale lock of a dead process is simply taken over.
 * :func:`lock_workdir`: refuses a second training process on the same workdir, naming the
@@ -42,7 +42,7 @@ import pathlib
 import shutil
 from typing import Any, Iterable, Mapping
 
-from rollouts_jax.filelock import FileLock, LockedError, atomic_build  # noqa: F401 - re-exported
+from rollouts_jax.io.filelock import FileLock, LockedError, atomic_build  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 

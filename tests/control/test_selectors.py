@@ -107,7 +107,7 @@ def test_unknown_extras_are_ignored(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_state_round_trip_resumes_bitwise(name, tmp_path):
   """Flatten -> host numpy -> unflatten, and an orbax save/restore, continue the same stream."""
-  from rollouts_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
   sel = control.build(name, num_prompts=K, num_samples=N)
   p = _p_mixture()
   _, state = _run(sel, sel.init(), p, 4, jax.random.key(5))

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rollouts_jax.training import checkpoint
-from rollouts_jax.training.checkpoint import (CheckpointDamagedError, Checkpointer, NonFiniteStateError,
+from rollouts_jax.io import checkpoint
+from rollouts_jax.io.checkpoint import (CheckpointDamagedError, Checkpointer, NonFiniteStateError,
                                               load_params, save_params)
 
 ABSTRACT = {"w": jax.ShapeDtypeStruct((64, 64), jnp.float32), "b": jax.ShapeDtypeStruct((64,), jnp.float32)}

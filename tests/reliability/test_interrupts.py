@@ -23,7 +23,7 @@ _SCRIPT = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, jax.numpy as jnp
-    from rollouts_jax.training import interrupts
+    from rollouts_jax.io import interrupts
     if sys.argv[1] == "install":
       interrupts.install()
 

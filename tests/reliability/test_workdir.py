@@ -147,7 +147,7 @@ def test_second_process_on_a_workdir_is_refused_and_a_dead_holder_is_taken_over(
 
 _BUILDER = textwrap.dedent("""
     import os, sys, time
-    from rollouts_jax import filelock  # = rollouts_jax.training.workdir.atomic_build, without JAX
+    from rollouts_jax.io import filelock  # = rollouts_jax.training.workdir.atomic_build, without JAX
     def build(tmp):
       (tmp / "part1").write_text(str(os.getpid()))
       time.sleep(1.0)  # a slow build: the other process arrives meanwhile

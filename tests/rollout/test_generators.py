@@ -10,7 +10,7 @@ import pytest
 from rollouts_jax import data, models, rollout, sampling
 from rollouts_jax.training import config as config_lib
 from rollouts_jax.training import loop
-from rollouts_jax.training.metrics import read_jsonl
+from rollouts_jax.io.metrics import read_jsonl
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TOK = data.CharTokenizer.default()

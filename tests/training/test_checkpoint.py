@@ -14,8 +14,8 @@ import numpy as np
 import optax
 import pytest
 
-from rollouts_jax.training import checkpoint
-from rollouts_jax.training.checkpoint import Checkpointer, load_params, save_params
+from rollouts_jax.io import checkpoint
+from rollouts_jax.io.checkpoint import Checkpointer, load_params, save_params
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -174,7 +174,7 @@ _CRASH_SCRIPT = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
     import orbax.checkpoint as ocp
-    from rollouts_jax.training.checkpoint import Checkpointer
+    from rollouts_jax.io.checkpoint import Checkpointer
 
     directory, mode = sys.argv[1], sys.argv[2]
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))

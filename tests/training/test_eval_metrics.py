@@ -191,7 +191,7 @@ def test_test_time_selection_rules_pick_different_samples():
 def test_selection_rules_run_in_the_loop_from_the_config(tmp_path, monkeypatch):
   import pathlib
   from rollouts_jax.training import config as config_lib, loop
-  from rollouts_jax.training.metrics import read_jsonl
+  from rollouts_jax.io.metrics import read_jsonl
   monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
   monkeypatch.setattr(loop, "plot_curves", lambda *a, **k: [])
   repo = pathlib.Path(__file__).resolve().parents[2]

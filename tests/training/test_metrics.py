@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rollouts_jax.training import metrics, plots
+from rollouts_jax.io import metrics, plots
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",

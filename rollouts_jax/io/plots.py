@@ -175,7 +175,7 @@ def plot_curves(jsonl_path: str | os.PathLike, out_dir: str | os.PathLike,
     The written file paths, in group order.
 
   >>> import tempfile
-  >>> from rollouts_jax.training.metrics import MetricsLogger
+  >>> from rollouts_jax.io.metrics import MetricsLogger
   >>> with tempfile.TemporaryDirectory() as d:
   ...   with MetricsLogger(d, tensorboard=False) as log:
   ...     for s in range(5):
@@ -183,7 +183,7 @@ def plot_curves(jsonl_path: str | os.PathLike, out_dir: str | os.PathLike,
   ...   [os.path.basename(p) for p in plot_curves(os.path.join(d, "metrics.jsonl"), d)]
   ['reward.png', 'kl.png']
   """
-  from rollouts_jax.training.metrics import read_jsonl  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.io.metrics import read_jsonl  # pylint: disable=g-import-not-at-top
 
   smooth([], smoothing)  # validates the weight before any work
   rows = read_jsonl(jsonl_path)

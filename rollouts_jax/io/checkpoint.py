@@ -327,7 +327,7 @@ def check_finite(tree: PyTree, what: str = "state") -> None:
   >>> check_finite({"w": jnp.array([0.0, jnp.inf])}, "params")
   Traceback (most recent call last):
   ...
-  rollouts_jax.training.checkpoint.NonFiniteStateError: params hold NaN or inf in 1 array(s): w
+  rollouts_jax.io.checkpoint.NonFiniteStateError: params hold NaN or inf in 1 array(s): w
   """
   bad = nonfinite_leaves(tree)
   if bad:

@@ -708,7 +708,7 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
     # when their config is today's: a study spread over machines repeats nothing.
     recorded = {} if smoke else committed_runs(results_dir / f"repro_{name}.json")
     # Keys the warm start sets (paths on the machine that built it) do not tell runs apart.
-    ignored = [o.partition("=")[0] for o in hf_overrides(runs_dir)]
+    ignored = [] if name in REAL_STUDIES else [o.partition("=")[0] for o in hf_overrides(runs_dir)]
     for seed in range(seeds):
       for arm in chosen:
         workdir = runs_dir / ("smoke" if smoke else "") / name / arm / f"seed{seed}"

@@ -9,7 +9,7 @@ A resumed run calls `MetricsLogger.truncate_after(step)`: the JSON log is cut af
 and a new event file starts with `purge_step=step + 1`, a `SessionLog.START` event that
 makes TensorBoard drop the old run's events from that step on, so each step shows once.
 
-Plots live in `rollouts_jax.io.plots`; `plot_curves` is re-exported here.
+Plots live in `rollouts_jax.io.plots` (which reads this module's logs; this one imports nothing of it).
 """
 
 from __future__ import annotations
@@ -281,7 +281,3 @@ class MetricsLogger:
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-# Plots moved to plots.py; `from rollouts_jax.io.metrics import plot_curves` keeps working.
-from rollouts_jax.io.plots import METRIC_GROUPS, plot_curves, smooth  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position

@@ -28,7 +28,8 @@ from rollouts_jax.training.build import (  # noqa: F401  the launchers' entry po
     build_pipeline, evaluate, evaluator, load_policy, load_task, prompter, sampling_config, warm_start)
 from rollouts_jax.io.checkpoint import Checkpointer
 from rollouts_jax.training.config import ExperimentConfig
-from rollouts_jax.io.metrics import MetricsLogger, NullLogger, plot_curves
+from rollouts_jax.io.metrics import MetricsLogger, NullLogger
+from rollouts_jax.io.plots import plot_curves
 from rollouts_jax.training import placement as placement_lib
 from rollouts_jax.training.placement import Placement
 from rollouts_jax.training import workdir as workdir_lib

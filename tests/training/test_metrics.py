@@ -259,5 +259,6 @@ def test_plot_eval_is_drawn_as_measured_and_reward_mean_stays_visible(tmp_path):
   assert sorted(p.rsplit("/", 1)[-1] for p in paths) == ["eval.png", "reward.png"]
 
 
-def test_plot_curves_importable_from_metrics():
-  assert metrics.plot_curves is plots.plot_curves
+def test_plot_curves_importable_from_the_training_package():
+  from rollouts_jax import training
+  assert training.plot_curves is plots.plot_curves and not hasattr(metrics, "plot_curves")

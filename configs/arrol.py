@@ -15,8 +15,6 @@ from rollouts_jax.training.config import load_config_file
 
 def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "default.py"), arg)
-  config.control.prune = "arrol"
-  config.control.prune_oversample = 0.5
-  config.control.prune_at = 8 if arg != "smoke" else 4
-  config.control.prune_target = 0.5
+  config.rollout.generator = "arrol"
+  config.rollout.generator_kwargs = f"oversample=0.5,at={8 if arg != 'smoke' else 4},target=0.5"
   return config

@@ -16,8 +16,7 @@ from rollouts_jax.training.config import load_config_file
 def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "countdown_grpo.py"), arg)
   config.control.dynamic_sampling = False
-  config.rollout.fp4 = "nvfp4"
   config.rollout.num_samples = 8 if arg != "smoke" else 4
-  config.rollout.fp4_pool_size = 16 if arg != "smoke" else 8
-  config.control.subset = "contrastive"
+  config.rollout.generator = "sol_rl"
+  config.rollout.generator_kwargs = f"fmt=nvfp4,pool={16 if arg != 'smoke' else 8},subset=contrastive"
   return config

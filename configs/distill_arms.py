@@ -10,14 +10,14 @@ The teacher is the same SFT recipe trained for 400 steps instead of the student'
 
   opd     full rollouts (up to 40 tokens) generated, scored and trained
   opd_lr3 the same at twice the learning rate (3e-4): is the step size what limits OPD here?
-  esr     ESR: only the first 12 tokens generated and trained (`distill_window`)
+  esr     ESR: only the first 12 tokens generated and trained (`rollout.generator="esr"`)
   esr24   ESR with a 24-token window
   adwin   ADWIN: a window starting at 12, re-sized every 5 steps from a full-rollout probe
   grpo    no teacher: GRPO on the task's reward (the reward-based reference)
 
 With the suffix `_full` (`opd_full`, `esr_full`, `esr24_full`, `adwin_full`) the same rollouts
 are trained with the full-vocabulary reverse KL to the teacher at every completion position
-(GKD's on-policy loss, `losses.full_reverse_kl`, `rollout.distill=..._full`) instead of the
+(GKD's on-policy loss, `losses.full_reverse_kl`, `rollout.distill="opd_full"`) instead of the
 single-sample advantage; `opd_full_lr6` / `esr_full_lr6` / `adwin_full_lr6` take a 4x larger
 step (6e-4): a supervised-like loss can. With `_fwd` in place of `_full` (`opd_fwd`, `esr_fwd`,
 `adwin_fwd`, `opd_fwd_lr6`) the full-vocabulary loss is the forward KL(teacher || student)
@@ -87,9 +87,11 @@ def get_config(arg=None):
     return config
   config.rollout.teacher_sft_steps = TEACHER_SFT_STEPS[task] if not smoke else config.sft.steps + 5
   full = "full" in mods or "fwd" in mods
-  config.rollout.distill = ("esr" if arm in WINDOWS else arm) + ("_full" if full else "")
+  config.rollout.distill = "opd_full" if full else "opd"
   if "fwd" in mods:
     config.rl.distill_kl = "forward"
-  window = WINDOWS.get(arm, 12)
-  config.rollout.distill_window = window if not smoke else 8
+  window = WINDOWS.get(arm, 12) if not smoke else 8
+  if arm != "opd":   # ESR / ADWIN: the generator that shortens the rollouts
+    config.rollout.generator = "adwin" if arm == "adwin" else "esr"
+    config.rollout.generator_kwargs = f"window={window}"
   return config

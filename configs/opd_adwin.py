@@ -16,6 +16,7 @@ from rollouts_jax.training.config import load_config_file
 def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "default.py"), arg)
   config.rollout.teacher_sft_steps = 400 if arg != "smoke" else config.sft.steps + 5
-  config.rollout.distill = "adwin"
-  config.rollout.distill_window = 12 if arg != "smoke" else 8
+  config.rollout.distill = "opd"
+  config.rollout.generator = "adwin"
+  config.rollout.generator_kwargs = f"window={12 if arg != 'smoke' else 8},every=5,gamma=0.25,tau=0.9"
   return config

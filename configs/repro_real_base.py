@@ -16,6 +16,7 @@ r"""The real-model form of the reproduction studies: SmolLM2-135M-Instruct on ch
   python experiments/train.py --config=configs/repro_real_mc_grpo.py:g2_median --workdir=/tmp/real_mc
 """
 
+import math
 import os
 import runpy
 
@@ -56,6 +57,12 @@ def study_config(study, arg):
   arm, smoke = _MINIATURE["parse_arm"](arg, arms)
   config = get_config("smoke" if smoke else None)
   arms[arm](config)
+  # Micro-batches only split the sums of a minibatch (the update is the same): an arm whose
+  # rows (prompts x samples) are not a multiple of the base's micro-batch gets the largest that
+  # divides them (MC-GRPO's 3-sample groups: 24 rows, micro-batches of 8).
+  rows = config.control.prompts_per_step * config.rollout.num_samples // config.rl.num_minibatches
+  if config.rl.micro_batch_size and rows % config.rl.micro_batch_size:
+    config.rl.micro_batch_size = math.gcd(rows, config.rl.micro_batch_size)
   if smoke:
     apply_smoke(config)
     config.rl.micro_batch_size = 0

@@ -22,9 +22,9 @@ _BASE = runpy.run_path(os.path.join(os.path.dirname(__file__), "repro_base.py"))
 def _arm(fp4, pool):
   def edit(config):
     config.rollout.num_samples = 8
-    config.rollout.fp4 = fp4
-    config.rollout.fp4_pool_size = pool
-    config.control.subset = "contrastive"
+    if fp4:
+      config.rollout.generator = "sol_rl"
+      config.rollout.generator_kwargs = f"fmt={fp4},pool={pool},subset=contrastive"
   return edit
 
 
@@ -38,6 +38,7 @@ def get_config(arg=None):
   ARMS[arm](config)
   if smoke:
     apply_smoke(config)
-    if config.rollout.fp4_pool_size:
-      config.rollout.fp4_pool_size = 2 * config.rollout.num_samples
+    if "pool=16" in config.rollout.generator_kwargs:
+      config.rollout.generator_kwargs = config.rollout.generator_kwargs.replace(
+          "pool=16", f"pool={2 * config.rollout.num_samples}")
   return config

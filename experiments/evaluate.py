@@ -5,6 +5,9 @@ r"""Evaluates a policy on a test split: pass@1, pass@k (unbiased estimator), maj
   # a Hugging Face checkpoint folder on a benchmark:
   python experiments/evaluate.py --config=configs/gsm8k_qwen.py:/path/to/ckpt --config.eval.k=8
 
+  # the final policy of a run as a Hugging Face folder (e.g. a teacher for rollout.teacher_path):
+  python experiments/evaluate.py --workdir=/tmp/rollouts_default --export_hf=/tmp/teacher_hf
+
   # DeepLook decoding against plain sampling, accuracy against generated tokens:
   python experiments/evaluate.py --decoder=deeplook --deeplook_samples=4 --compare_k=1,4,8
 
@@ -48,6 +51,8 @@ flags.DEFINE_enum("vote_weight", "confidence", ["confidence", "likelihood", "non
                   "DeepLook: vote weight, the mean token confidence or exp(mean token log-prob).")
 flags.DEFINE_list("compare_k", ["1", "4", "8"], "DeepLook: plain maj@k baselines to run beside it.")
 flags.DEFINE_string("output", None, "DeepLook: also write the result JSON here.")
+flags.DEFINE_string("export_hf", None, "Write the policy (with --workdir: its latest intact checkpoint) to this folder "
+                    "in Hugging Face layout (config.json + safetensors) and exit without evaluating.")
 FLAGS = flags.FLAGS
 
 
@@ -68,7 +73,7 @@ def _run():
   from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
   if FLAGS.workdir:
     with open(os.path.join(FLAGS.workdir, "config.json")) as f:
-      exp = config_lib.from_config_dict(json.load(f))
+      exp = config_lib.from_config_dict(config_lib.upgrade(json.load(f)))
   else:
     exp = config_lib.from_config_dict(FLAGS.config)
   if FLAGS.num_examples:
@@ -87,6 +92,11 @@ def _run():
   except (checkpoint.NonFiniteStateError, checkpoint.CheckpointDamagedError) as e:
     print(f"Refused to evaluate: {e}", file=sys.stderr)
     sys.exit(2)
+  if FLAGS.export_hf:
+    from rollouts_jax import models  # pylint: disable=g-import-not-at-top
+    models.save_hf_checkpoint(FLAGS.export_hf, cfg, params)
+    print(f"Wrote {where} to {FLAGS.export_hf} (Hugging Face layout).")
+    return
   examples = list(test[:exp.eval.num_examples])
   if FLAGS.decoder == "deeplook":
     result = _deeplook_vs_plain(exp, cfg, params, tokenizer, examples)

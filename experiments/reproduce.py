@@ -62,6 +62,9 @@ class Study:
     rule: the verdict's rule, in words.
     miniature: how the miniature differs from the paper.
     extra: extra config overrides of every run of the study ("key=value").
+    teacher: an arm whose seed-0 run is exported (Hugging Face layout) to the folder the
+      other arms' `rollout.teacher_path` names, before any of them runs; it is not a row of
+      the table (its result is reported beside it).
   """
   name: str
   paper: str
@@ -72,6 +75,7 @@ class Study:
   rule: str
   miniature: str
   extra: tuple[str, ...] = ()
+  teacher: str = ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,6 +211,19 @@ def verdict_real_sol_rl(t):
   return held, "; ".join(parts) + " (FP4 is simulated on this CPU: the cost half is not tested)"
 
 
+def verdict_real_opd(t):
+  """ESR (early-stopped rollouts) against full-rollout OPD: as accurate, with fewer generated tokens."""
+  d, d_se = _diff(t, "esr", "opd", "pass@1 after")
+  if d is None:
+    return None, "not both of opd and esr ran"
+  te, _ = _m(t, "esr", "generated tokens")
+  to, _ = _m(t, "opd", "generated tokens")
+  frac = te / to if te is not None and to else None
+  held = d >= -max(0.05, 2 * d_se) and frac is not None and frac < 0.9
+  return held, (f"esr - opd held-out pass@1 {_fmt(d)} (se {d_se:.3f}); ESR generated "
+                f"{'n/a' if frac is None else f'{100 * frac:.0f}%'} of OPD's tokens")
+
+
 _COMMON = {"pass@1 before": "eval/pass@1 before", "pass@1 after": "eval/pass@1 after",
            "pass@1 gain": "eval/pass@1 gain"}
 _COMPUTE = {"rollouts": "rollouts", "sample s/step": "sample_s_per_step", "update s/step": "update_s_per_step",
@@ -316,6 +333,20 @@ REAL_STUDIES = {s.name: s for s in [
              "the cost half cannot be tested here (a CPU has no FP4 units)",
         miniature=_REAL + "; 8 FP4 samples a prompt, all trained on (no pool or subset selection: the format's "
                           "own effect); weights fake-quantized (paper: diffusion image models)"),
+    Study(
+        name="real_opd", paper="On-policy distillation (GKD, arXiv 2306.13649) with early-stopped rollouts (ESR)",
+        claim="A student trained on a teacher's per-token log-ratios over its own rollouts gains accuracy with no "
+              "reward; rollouts stopped after a prefix (ESR) keep that gain with fewer generated tokens.",
+        arms=("opd", "esr"),
+        metrics={**_REAL_EVAL, "generated tokens": "generated_tokens", "reverse KL, last 10": "reverse_kl_last10",
+                 **_COMPUTE},
+        verdict=verdict_real_opd,
+        rule="held if ESR's held-out pass@1 after training is within max(0.05, 2 se) of full-rollout OPD's while "
+             "it generates under 90% of OPD's tokens; OPD's own gain is the pass@1 gain column",
+        miniature=_REAL + "; the teacher is the same model after 24 GRPO steps on the task's reward (the `teacher` "
+                          "arm, seed 0); ESR keeps the first 12 of 24 tokens; single-sample reverse-KL advantage "
+                          "(paper settings: larger teachers, long reasoning traces)",
+        teacher="teacher"),
 ]}
 ALL_STUDIES = {**STUDIES, **REAL_STUDIES}
 
@@ -488,6 +519,9 @@ def run_result(workdir: pathlib.Path) -> dict[str, Any]:
       "clusters_per_group", "informative_groups", "mismatch_mean")}:
     vals = [r[key] for r in steps if key in r]
     out[key] = sum(vals) / len(vals)
+  kl = [r["distill/reverse_kl"] for r in steps if "distill/reverse_kl" in r]
+  if kl:   # on-policy distillation: the sampled reverse KL to the teacher over the last 10 steps
+    out["reverse_kl_last10"] = sum(kl[-10:]) / len(kl[-10:])
   return out
 
 
@@ -544,9 +578,13 @@ def flat_config(exp) -> dict:
 
 
 def run_config(study: str, arm: str, seed: int, extra: Sequence[str] = ()) -> dict:
-  """One run's full config, flat, as training sees it (before any warm-start override)."""
+  """One run's full config, flat, as training sees it (before any warm-start override).
+
+  A study with a teacher is read without the file checks: its teacher folder may not exist yet here.
+  """
   from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  return flat_config(config_lib.from_config_dict(_load_exp(study, arm, False, list(extra) + [f"seed={seed}"])))
+  return flat_config(config_lib.from_config_dict(_load_exp(study, arm, False, list(extra) + [f"seed={seed}"]),
+                                                 check=not ALL_STUDIES[study].teacher))
 
 
 def same_config(recorded: dict | None, today: dict, ignore: Sequence[str] = ()) -> bool:
@@ -559,6 +597,7 @@ def same_config(recorded: dict | None, today: dict, ignore: Sequence[str] = ()) 
   from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   if not recorded:
     return False
+  recorded = config_lib.upgrade_flat(recorded)   # recorded by an earlier version: today's keys
   defaults = flat_config(config_lib.ExperimentConfig())
   for key, value in today.items():
     if key in ignore:
@@ -707,8 +746,12 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
     # Runs recorded in the study's results JSON (a commit of an earlier machine's) count as done
     # when their config is today's: a study spread over machines repeats nothing.
     recorded = {} if smoke else committed_runs(results_dir / f"repro_{name}.json")
-    # Keys the warm start sets (paths on the machine that built it) do not tell runs apart.
-    ignored = [] if name in REAL_STUDIES else [o.partition("=")[0] for o in hf_overrides(runs_dir)]
+    # Keys the warm start sets (paths on the machine that built it), and a teacher's folder, do
+    # not tell runs apart.
+    ignored = (["rollout.teacher_path"] if name in REAL_STUDIES
+               else [o.partition("=")[0] for o in hf_overrides(runs_dir)])
+    recorded_teacher = {} if smoke or not (results_dir / f"repro_{name}.json").exists() else json.loads(
+        (results_dir / f"repro_{name}.json").read_text()).get("teacher")
     for seed in range(seeds):
       for arm in chosen:
         workdir = runs_dir / ("smoke" if smoke else "") / name / arm / f"seed{seed}"
@@ -726,6 +769,9 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
           if overrides is None:
             overrides = (hf_overrides(warm_start) if warm_start is not None and name not in REAL_STUDIES
                          else warm_start_overrides(study, smoke, env, in_process=in_process))
+            if study.teacher:
+              ensure_teacher(study, runs_dir / ("smoke" if smoke else "") / name, overrides,
+                                              smoke=smoke, env=env, in_process=in_process, log=log)
           t0 = time.time()
           result = run_one(study, arm, seed, workdir, overrides, smoke=smoke, env=env, in_process=in_process)
           if not smoke and "config" not in result and (workdir / "config.json").exists():
@@ -742,7 +788,61 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
         write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing, plot=False)
     docs[name] = write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing,
                                plot=plot)
+    if study.teacher:
+      docs[name] = add_teacher(study, results_dir, runs_dir / ("smoke" if smoke else "") / name, docs[name],
+                               recorded_teacher)
   return docs
+
+
+def teacher_folder(study: Study, smoke: bool) -> pathlib.Path:
+  """Where the study's configs read the teacher (`rollout.teacher_path` of its distilling arms)."""
+  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  student = next(a for a in study.arms if a != study.teacher)
+  exp = config_lib.from_config_dict(_load_exp(study.name, student, smoke), check=False)
+  if not exp.rollout.teacher_path:
+    raise ValueError(f"Study {study.name}: arm {student!r} sets no rollout.teacher_path for the teacher to go to.")
+  return pathlib.Path(exp.rollout.teacher_path)
+
+
+def ensure_teacher(study: Study, study_dir: pathlib.Path, overrides: Sequence[str], *, smoke: bool, env: dict,
+                   in_process: bool, log: Callable[[str], None] = print) -> dict:
+  """Trains the study's teacher arm (seed 0) unless done, exports it where the arms read it; its result.
+
+  A run that stopped part-way resumes (`run_one`); the export is redone whenever the folder
+  lacks a finished export (`done.json`) or the run is newer than it.
+  """
+  workdir = study_dir / "teacher" / "seed0"
+  result = run_one(study, study.teacher, 0, workdir, overrides, smoke=smoke, env=env, in_process=in_process)
+  folder = teacher_folder(study, smoke)
+  done = folder / "done.json"
+  if done.exists() and json.loads(done.read_text()).get("workdir") == str(workdir):
+    return result
+  log(f"[{study.name}] exporting the teacher ({study.teacher} seed 0: pass@1 "
+      f"{result.get('eval/pass@1 after', float('nan')):.3f}) to {folder}")
+  cmd = [sys.executable, "experiments/evaluate.py", f"--workdir={workdir}", f"--export_hf={folder}"]
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+  if proc.returncode:
+    raise RuntimeError(f"[{study.name}] exporting the teacher failed:\n{proc.stderr[-2000:]}")
+  done.write_text(json.dumps({"workdir": str(workdir), "pass@1": result.get("eval/pass@1 after")}))
+  return result
+
+
+def add_teacher(study: Study, results_dir: pathlib.Path, study_dir: pathlib.Path, doc: dict,
+                recorded: dict | None = None) -> dict:
+  """The teacher's own run (when it ran here, else as `recorded`) beside the study's table, in the JSON and the MD."""
+  result_file = study_dir / "teacher" / "seed0" / "result.json"
+  teacher = json.loads(result_file.read_text()) if result_file.exists() else recorded
+  if not teacher:
+    return doc
+  doc["teacher"] = teacher
+  (results_dir / f"repro_{study.name}.json").write_text(json.dumps(doc, indent=1))
+  md = results_dir / f"repro_{study.name}.md"
+  line = (f"\nTeacher: the `{study.teacher}` arm, seed 0 (the student after 24 GRPO steps): held-out pass@1 "
+          f"{teacher.get('eval/pass@1 before', float('nan')):.3f} -> {teacher.get('eval/pass@1 after', float('nan')):.3f}, "
+          f"maj@8 {teacher.get('eval/maj@8 after', float('nan')):.3f}.\n")
+  if md.exists() and "Teacher: " not in md.read_text():
+    md.write_text(md.read_text() + line)
+  return doc
 
 
 def main(argv=None):

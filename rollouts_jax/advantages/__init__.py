@@ -7,7 +7,8 @@
 >>> values, mask = advantages.apply(advantages.mc_grpo(), jnp.array([[0., 1., 1.]]))
 """
 from rollouts_jax.advantages import clustering
-from rollouts_jax.advantages.alias import dr_grpo, erils, grpo, mc_grpo, pvpo, rloo, uniqueness_grpo, xrpo
+from rollouts_jax.advantages.alias import (dr_grpo, erils, gpg, grpo, grpo_passk, mc_grpo, opo, pvpo,
+                                           reinforce_pp, reinforce_pp_baseline, rloo, uniqueness_grpo, xrpo)
 from rollouts_jax.advantages.base import (AdvantageTransform, ChainState, EmptyState, apply,
                                           chain)
 from rollouts_jax.advantages import tree
@@ -15,14 +16,16 @@ from rollouts_jax.advantages.tree import (echo_hybrid_advantages, mean_token_con
                                           tree_node_advantages)
 from rollouts_jax.advantages.clustering import (cluster_by_answer, cluster_by_judge, llm_judge,
                                                 pairwise_judge)
-from rollouts_jax.advantages.transforms import (batch_std, clip, group_mean, group_mean_baseline,
-                                                group_median, group_median_baseline, group_std,
-                                                leave_one_out_baseline, novelty_sharpen, per_source,
+from rollouts_jax.advantages.transforms import (batch_std, best_of_group, clip, gpg_scale, group_mean,
+                                                group_mean_baseline, group_median, group_median_baseline,
+                                                group_std, group_weighted_mean, leave_one_out_baseline,
+                                                length_weighted_baseline, novelty_sharpen, per_source,
                                                 reference_anchor, scale_by_batch_std,
-                                                scale_by_group_std, uniqueness_reweight)
+                                                scale_by_group_std, uniqueness_reweight, whiten_batch)
 
 #: The recipe names a config may use (`rl.advantage`).
-RECIPES = ("grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils")
+RECIPES = ("grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils",
+           "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg", "grpo_passk")
 
 
 def build(name: str, **kwargs) -> AdvantageTransform:
@@ -33,13 +36,13 @@ def build(name: str, **kwargs) -> AdvantageTransform:
   >>> build("ppo")
   Traceback (most recent call last):
   ...
-  ValueError: Config key rl.advantage: unknown advantage recipe 'ppo'; known: grpo, dr_grpo, rloo, mc_grpo, uniqueness_grpo, xrpo, pvpo, erils.
+  ValueError: Config key rl.advantage: unknown advantage recipe 'ppo'; known: grpo, dr_grpo, rloo, mc_grpo, uniqueness_grpo, xrpo, pvpo, erils, reinforce_pp, reinforce_pp_baseline, opo, gpg, grpo_passk.
   """
   if name not in RECIPES:
     raise ValueError(f"Config key rl.advantage: unknown advantage recipe {name!r}; known: {', '.join(RECIPES)}.")
   try:
     return globals()[name](**kwargs)
-  except TypeError as e:
+  except (TypeError, ValueError) as e:   # an unknown keyword, or a value the recipe refuses
     settings = ",".join(f"{k}={v}" for k, v in kwargs.items())
     raise ValueError(f"Config key rl.advantage_kwargs={settings!r} does not fit recipe {name!r}: {e}") from None
 
@@ -47,8 +50,10 @@ __all__ = [
     "AdvantageTransform", "ChainState", "EmptyState", "apply", "chain",
     "group_mean_baseline", "leave_one_out_baseline", "group_median_baseline",
     "scale_by_group_std", "scale_by_batch_std", "batch_std", "clip", "uniqueness_reweight",
+    "length_weighted_baseline", "whiten_batch", "gpg_scale", "best_of_group", "group_weighted_mean",
     "novelty_sharpen", "reference_anchor", "group_mean", "group_std", "group_median",
     "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils", "per_source", "RECIPES", "build",
+    "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg", "grpo_passk",
     "clustering", "cluster_by_answer", "cluster_by_judge", "llm_judge", "pairwise_judge",
     "tree", "tree_node_advantages", "echo_hybrid_advantages", "normalized_confidence", "mean_token_confidence",
 ]

@@ -195,3 +195,130 @@ def erils(eps: float = 1e-4, ddof: int = 1) -> base.AdvantageTransform:
     [[-1.0, 1.0, 1.0, -1.0]]
   """
   return T.per_source(grpo(eps=eps, ddof=ddof), num_sources=2)
+
+
+def reinforce_pp(eps: float = 1e-8, weight: str = "tokens") -> base.AdvantageTransform:
+  """REINFORCE++ for outcome rewards: the reward whitened over the whole batch, no group baseline.
+
+  Hu, 2025, "REINFORCE++: An Efficient RLHF Algorithm with Robustness to Both Prompt and Reward
+  Models" (arXiv 2501.03262): `A_i = (r_i - mean) / sqrt(var + eps)` with the mean and the
+  (Bessel-corrected) variance over every token of every valid sample of the batch, as verl's
+  `compute_reinforce_plus_plus_outcome_advantage` computes them for an outcome reward with
+  discount 1. The per-token KL-in-reward returns of the paper are not part of this recipe (use
+  `rl.kl_coef` for a KL loss). Needs `lengths=` (the training update passes them).
+
+  Args:
+    eps: added to the variance (verl: 1e-8).
+    weight: "tokens" (verl) or "samples" (each valid sample counts once).
+
+  Returns:
+    `chain(whiten_batch(eps, ddof=1, weight))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, _ = advantages.apply(advantages.reinforce_pp(), jnp.array([[1., 0.], [0., 0.]]),
+    ...                           lengths=jnp.array([[2, 2], [2, 2]]))
+    >>> [round(x, 3) for x in adv[0].tolist()]   # mean 1/4, var (2 * 9/16 + 6 * 1/16) / 7
+    [1.62, -0.54]
+  """
+  return base.chain(T.whiten_batch(eps=eps, ddof=1, weight=weight))
+
+
+def reinforce_pp_baseline(eps: float = 1e-8, weight: str = "tokens", single_sample: str = "raw"
+                          ) -> base.AdvantageTransform:
+  """REINFORCE++-baseline: the group mean subtracted, then whitened over the whole batch.
+
+  Hu, 2025 (arXiv 2501.03262), the variant with a per-prompt baseline, as verl's
+  `compute_reinforce_plus_plus_baseline_outcome_advantage`: `A_i = whiten_batch(r_i - mean_g r)`,
+  the local baseline decoupled from the global scale. Needs `lengths=`.
+
+  Args:
+    eps: added to the variance (verl: 1e-8).
+    weight: "tokens" (verl) or "samples".
+    single_sample: a group with one valid sample: "raw" (verl: its mean is taken as 0) or
+      "zero" (its own baseline).
+
+  Returns:
+    `chain(group_mean_baseline(single_sample), whiten_batch(eps, ddof=1, weight))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, _ = advantages.apply(advantages.reinforce_pp_baseline(), jnp.array([[1., 0.], [5., 5.]]),
+    ...                           lengths=jnp.array([[1, 1], [1, 1]]))
+    >>> [[round(x, 3) for x in row] for row in adv.tolist()]   # centred (0.5, -0.5, 0, 0); var 1/6
+    [[1.225, -1.225], [0.0, 0.0]]
+  """
+  return base.chain(T.group_mean_baseline(single_sample=single_sample),
+                    T.whiten_batch(eps=eps, ddof=1, weight=weight))
+
+
+def opo(single_sample: str = "raw") -> base.AdvantageTransform:
+  """OPO: the length-weighted group baseline, `A_i = r_i - sum_j |o_j| r_j / sum_j |o_j|`.
+
+  Hao et al., 2025, "On-Policy RL with Optimal Reward Baseline" (arXiv 2505.23585), as verl's
+  `compute_opo_outcome_advantage`. No std division. Needs `lengths=` (the training update
+  passes them).
+
+  Args:
+    single_sample: a group with one valid sample: "raw" (verl: baseline 0) or "zero".
+
+  Returns:
+    `chain(length_weighted_baseline(single_sample))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, _ = advantages.apply(advantages.opo(), jnp.array([[1., 0., 0.]]), lengths=jnp.array([[2, 1, 1]]))
+    >>> adv.tolist()   # b = 2 / 4
+    [[0.5, -0.5, -0.5]]
+  """
+  return base.chain(T.length_weighted_baseline(single_sample=single_sample))
+
+
+def gpg(count: str = "nonzero_reward", f_norm: float = 1.0, single_sample: str = "raw"
+        ) -> base.AdvantageTransform:
+  """GPG: `A_i = alpha (r_i - mean_g r) / f_norm`, alpha = B / M over the batch.
+
+  Chu et al., 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+  Reasoning" (arXiv 2504.02546), as verl's `compute_gpg_outcome_advantage`: no std division;
+  alpha corrects for the samples that carry no signal (see `gpg_scale` for the two ways to
+  count M). verl pairs it with the plain policy-gradient loss; any `rl.loss_kind` works here.
+
+  Args:
+    count: "nonzero_reward" (verl) or "mixed_group" (the paper's M).
+    f_norm: constant divisor (verl: 1).
+    single_sample: a group with one valid sample: "raw" (verl: its mean is taken as 0) or "zero".
+
+  Returns:
+    `chain(group_mean_baseline(single_sample), gpg_scale(count, f_norm))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, _ = advantages.apply(advantages.gpg(), jnp.array([[1., 0.], [0., 0.]]))
+    >>> adv.tolist()   # 4 samples, 1 non-zero reward: alpha = 4
+    [[2.0, -2.0], [0.0, 0.0]]
+  """
+  return base.chain(T.group_mean_baseline(single_sample=single_sample),
+                    T.gpg_scale(count=count, f_norm=f_norm))
+
+
+def grpo_passk(eps: float = 1e-6, norm_by_std: bool = True) -> base.AdvantageTransform:
+  """GRPO with pass@k credit: only each group's best sample gets `(r_max - r_2nd) / (std + eps)`.
+
+  Tang et al., 2025 (arXiv 2503.19595), as verl's `compute_grpo_passk_outcome_advantage`
+  (`norm_adv_by_std_in_grpo` is `norm_by_std`). See `best_of_group`.
+
+  Returns:
+    `chain(best_of_group(eps, norm_by_std))`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> adv, _ = advantages.apply(advantages.grpo_passk(norm_by_std=False), jnp.array([[0., 2., 0.5]]))
+    >>> adv.tolist()
+    [[0.0, 1.5, 0.0]]
+  """
+  return base.chain(T.best_of_group(eps=eps, norm_by_std=norm_by_std))

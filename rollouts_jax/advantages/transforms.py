@@ -38,6 +38,34 @@ def group_mean(values_BxN: Array, mask_BxN: Array) -> Array:
   return shift + total / jnp.maximum(n, 1)
 
 
+def group_weighted_mean(values_BxN: Array, mask_BxN: Array, weights_BxN: Array) -> Array:
+  """Masked weighted mean per group, `sum w v / sum w`, shape [B, 1].
+
+  Shifted by the group maximum as `group_mean` is, so a group of equal values has exactly
+  that value as its mean. A group whose valid weights sum to 0 (or with no valid sample)
+  gets the unweighted `group_mean`.
+  """
+  w = jnp.where(mask_BxN, weights_BxN, 0).astype(values_BxN.dtype)
+  w_sum = jnp.sum(w, axis=-1, keepdims=True)
+  n = _count(mask_BxN, values_BxN.dtype)
+  shift = jnp.max(jnp.where(mask_BxN, values_BxN, -jnp.inf), axis=-1, keepdims=True)
+  shift = jnp.where(n > 0, shift, 0)
+  total = jnp.sum(jnp.where(mask_BxN, w * (values_BxN - shift), 0), axis=-1, keepdims=True)
+  weighted = shift + total / jnp.where(w_sum > 0, w_sum, 1)
+  return jnp.where(w_sum > 0, weighted, group_mean(values_BxN, mask_BxN))
+
+
+def _lengths(lengths: Optional[Array], shape, who: str) -> Array:
+  """The `lengths` extra as a float32 [B, N] array, or a ValueError naming `who`."""
+  if lengths is None:
+    raise ValueError(f"{who} needs `lengths=` (int[B, N] completion lengths in tokens); the training "
+                     "update passes them from the batch's completion mask.")
+  lengths = jnp.asarray(lengths)
+  if lengths.shape != tuple(shape):
+    raise ValueError(f"{who}: lengths must have shape {tuple(shape)}, got {lengths.shape}.")
+  return lengths.astype(jnp.float32)
+
+
 def _safe_sqrt(x: Array) -> Array:
   # sqrt(0) has an infinite derivative; keep gradients finite if anyone differentiates.
   positive = x > 0
@@ -79,12 +107,31 @@ def group_median(values_BxN: Array, mask_BxN: Array):
 
 # ----------------------------------------------------------------------------- baselines
 
-def group_mean_baseline() -> base.AdvantageTransform:
+_SINGLE = ("zero", "raw")
+
+
+def _check_single(single_sample: str, who: str) -> None:
+  if single_sample not in _SINGLE:
+    raise ValueError(f"{who}: single_sample must be one of {_SINGLE}, got {single_sample!r}.")
+
+
+def _single_sample_baseline(baseline: Array, stats: Array, single_sample: str) -> Array:
+  """`baseline` [B, 1], with 0 for groups of one valid sample when `single_sample == "raw"`."""
+  if single_sample == "zero":
+    return baseline
+  return jnp.where(jnp.sum(stats, axis=-1, keepdims=True) == 1, 0, baseline)
+
+
+def group_mean_baseline(single_sample: str = "zero") -> base.AdvantageTransform:
   """Subtracts the mean of each group: `A_i = r_i - mean_j r_j`.
 
   The baseline of GRPO (Shao et al., 2024, "DeepSeekMath", arXiv 2402.03300) and, alone,
   of Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783).
   The mean is over the valid samples of the group (`group_mask`, else `mask`).
+
+  Args:
+    single_sample: a group with one valid sample. "zero": the sample is its own baseline, A = 0.
+      "raw": it has no baseline, A = r (verl's convention: its group mean is taken as 0).
 
   Returns:
     A stateless `AdvantageTransform`.
@@ -94,12 +141,55 @@ def group_mean_baseline() -> base.AdvantageTransform:
     >>> from rollouts_jax import advantages
     >>> advantages.apply(advantages.group_mean_baseline(), jnp.array([[1., 0., 0., 0.]]))[0].tolist()
     [[0.75, -0.25, -0.25, -0.25]]
+    >>> advantages.apply(advantages.group_mean_baseline("raw"), jnp.array([[3.], [0.]]))[0].tolist()
+    [[3.0], [0.0]]
   """
+  _check_single(single_sample, "group_mean_baseline")
 
   def update(values, *, mask=None, group_mask=None, **extra):
     del extra
     values, mask, stats = base.prepare(values, mask, group_mask)
-    return base.finish(values - group_mean(values, stats), mask), mask
+    baseline = _single_sample_baseline(group_mean(values, stats), stats, single_sample)
+    return base.finish(values - baseline, mask), mask
+
+  return base.stateless(update)
+
+
+def length_weighted_baseline(single_sample: str = "raw") -> base.AdvantageTransform:
+  """OPO's baseline: the length-weighted group mean, `A_i = r_i - sum_j |o_j| r_j / sum_j |o_j|`.
+
+  On-Policy RL with Optimal reward baseline (Hao et al., 2025, arXiv 2505.23585): for
+  sequence-level rewards the variance-minimizing baseline weights each response by its
+  gradient norm, which the paper approximates by its length |o_j| in tokens. With equal
+  lengths it is the group mean (Dr. GRPO). The sums run over the valid samples of the group
+  (`group_mask`, else `mask`); a group whose valid lengths sum to 0 falls back to the plain mean.
+
+  Extra inputs (keyword):
+    lengths: int[B, N] completion lengths in tokens (the training update passes them).
+
+  Args:
+    single_sample: a group with one valid sample. "raw" (default, as verl's
+      `compute_opo_outcome_advantage`): no baseline, A = r. "zero": A = 0.
+
+  Returns:
+    A stateless `AdvantageTransform`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> t = advantages.length_weighted_baseline()
+    >>> # b = (1 * 1 + 3 * 0) / 4 = 0.25
+    >>> advantages.apply(t, jnp.array([[1., 0.]]), lengths=jnp.array([[1, 3]]))[0].tolist()
+    [[0.75, -0.25]]
+  """
+  _check_single(single_sample, "length_weighted_baseline")
+
+  def update(values, *, mask=None, group_mask=None, lengths=None, **extra):
+    del extra
+    values, mask, stats = base.prepare(values, mask, group_mask)
+    w = _lengths(lengths, values.shape, "length_weighted_baseline")
+    baseline = _single_sample_baseline(group_weighted_mean(values, stats, w), stats, single_sample)
+    return base.finish(values - baseline, mask), mask
 
   return base.stateless(update)
 
@@ -284,6 +374,164 @@ def scale_by_batch_std(eps: float = 1e-4, ddof: int = 1) -> base.AdvantageTransf
 
 
 batch_std = scale_by_batch_std
+
+_WEIGHTS = ("tokens", "samples")
+
+
+def whiten_batch(eps: float = 1e-8, ddof: int = 1, weight: str = "tokens") -> base.AdvantageTransform:
+  """Whitens over the whole batch: `A_i = (v_i - m) / sqrt(var + eps)` (REINFORCE++).
+
+  REINFORCE++ (Hu, 2025, arXiv 2501.03262) normalizes advantages over the global batch
+  instead of per prompt. With `weight="tokens"` every token of every valid sample counts once,
+  as verl's `masked_whiten` over the response mask does for an outcome reward spread over a
+  response's tokens (discount 1): sample i weighs its length L_i, the mean is
+  `m = sum L_i v_i / sum L_i` and the variance `sum L_i (v_i - m)^2 / (sum L_i - ddof)`; with
+  at most `ddof` tokens in the batch every A is 0 (verl raises). `weight="samples"` weighs every valid
+  sample 1. The statistics use `group_mask` (else `mask`); a batch of equal values gives exactly 0.
+
+  Extra inputs (keyword):
+    lengths: int[B, N] completion lengths in tokens (needed with `weight="tokens"`).
+
+  Args:
+    eps: added to the variance under the square root (verl: 1e-8).
+    ddof: delta degrees of freedom (1: Bessel's correction over the tokens, as verl).
+    weight: "tokens" or "samples".
+
+  Returns:
+    A stateless `AdvantageTransform`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> t = advantages.whiten_batch(eps=0., ddof=0, weight="samples")
+    >>> advantages.apply(t, jnp.array([[3., 1.], [1., 3.]]))[0].tolist()
+    [[1.0, -1.0], [-1.0, 1.0]]
+  """
+  if eps < 0 or ddof < 0:
+    raise ValueError(f"whiten_batch: eps and ddof must be >= 0, got eps={eps}, ddof={ddof}.")
+  if weight not in _WEIGHTS:
+    raise ValueError(f"whiten_batch: weight must be one of {_WEIGHTS}, got {weight!r}.")
+
+  def update(values, *, mask=None, group_mask=None, lengths=None, **extra):
+    del extra
+    values, mask, stats = base.prepare(values, mask, group_mask)
+    if weight == "tokens":
+      w = _lengths(lengths, values.shape, "whiten_batch(weight='tokens')")
+    else:
+      w = jnp.ones(values.shape, jnp.float32)
+    w = jnp.where(stats, w, 0).astype(values.dtype).reshape(1, -1)
+    flat, flat_stats = values.reshape(1, -1), stats.reshape(1, -1)
+    mean = group_weighted_mean(flat, flat_stats, w)
+    dev = jnp.where(flat_stats, flat - mean, 0)
+    total = jnp.sum(w)
+    var = jnp.sum(w * dev * dev) / jnp.maximum(total - ddof, 1)
+    # At most `ddof` tokens: no spread to measure (verl raises); the advantages are 0.
+    adv = jnp.where(total > ddof, (values - mean) * jax.lax.rsqrt(var + eps), 0)
+    return base.finish(adv, mask), mask
+
+  return base.stateless(update)
+
+
+_GPG_COUNTS = ("nonzero_reward", "mixed_group")
+
+
+def gpg_scale(count: str = "nonzero_reward", f_norm: float = 1.0) -> base.AdvantageTransform:
+  """GPG's gradient correction: multiplies by `alpha = B / M` and divides by `f_norm`.
+
+  GPG (Chu et al., 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+  Reasoning", arXiv 2504.02546): samples of a group whose rewards are all equal carry no
+  gradient but still count in the batch mean, which shrinks the gradient; scaling by B over
+  the number M of samples that carry signal undoes that. B is the number of valid samples of
+  the batch (`group_mask`, else `mask`) and M (at least 1):
+
+  * "nonzero_reward": the valid samples whose raw reward is not 0, as verl's
+    `compute_gpg_outcome_advantage` counts them (`torch.count_nonzero(scores)`); with 0/1
+    rewards, the correct samples.
+  * "mixed_group": the valid samples of groups whose valid rewards are not all equal, as the
+    paper defines M (its reference code counts groups of equal size, the same ratio).
+
+  Extra inputs (keyword):
+    rewards: the raw rewards (passed by `chain` / `apply`).
+
+  Args:
+    count: "nonzero_reward" or "mixed_group".
+    f_norm: a constant divisor (verl's `f_norm`, 1 by default).
+
+  Returns:
+    A stateless `AdvantageTransform`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> t = advantages.gpg_scale()   # 4 samples, 2 with a non-zero reward: alpha = 2
+    >>> advantages.apply(t, jnp.array([[0.5, -0.5], [0., 0.]]), rewards=jnp.array([[1., 0.], [1., 0.]]))[0].tolist()
+    [[1.0, -1.0], [0.0, 0.0]]
+  """
+  if count not in _GPG_COUNTS:
+    raise ValueError(f"gpg_scale: count must be one of {_GPG_COUNTS}, got {count!r}.")
+  if not f_norm > 0:
+    raise ValueError(f"gpg_scale: f_norm must be > 0, got {f_norm}.")
+
+  def update(values, *, mask=None, group_mask=None, rewards=None, **extra):
+    del extra
+    values, mask, stats = base.prepare(values, mask, group_mask)
+    r = values if rewards is None else base.as_values(rewards, "rewards")
+    if r.shape != values.shape:
+      raise ValueError(f"gpg_scale: rewards shape {r.shape} != values shape {values.shape}.")
+    total = jnp.sum(stats).astype(values.dtype)
+    if count == "nonzero_reward":
+      counted = stats & (r != 0)
+    else:
+      hi = jnp.max(jnp.where(stats, r, -jnp.inf), axis=-1, keepdims=True)
+      lo = jnp.min(jnp.where(stats, r, jnp.inf), axis=-1, keepdims=True)
+      counted = stats & (hi > lo)
+    alpha = total / jnp.maximum(jnp.sum(counted), 1).astype(values.dtype)
+    return base.finish(values * alpha / f_norm, mask), mask
+
+  return base.stateless(update)
+
+
+def best_of_group(eps: float = 1e-6, norm_by_std: bool = True) -> base.AdvantageTransform:
+  """Pass@k credit: only the best sample of a group gets `(r_max - r_second) / (std + eps)`.
+
+  The pass@k objective of Tang et al., 2025 ("Optimizing Language Models for Inference Time
+  Objectives using Reinforcement Learning", arXiv 2503.19595), in the form of verl's
+  `compute_grpo_passk_outcome_advantage`: the value of the group is its best reward, and the
+  best sample's marginal contribution is its margin over the runner-up; every other sample
+  gets 0. `std` is the unbiased std of the group's valid rewards (dropped with
+  `norm_by_std=False`). Ties for the best give a margin of 0 (which of the tied samples holds
+  it does not matter). A group with fewer than 2 valid samples gets 0 (verl raises).
+
+  Returns:
+    A stateless `AdvantageTransform`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> t = advantages.best_of_group(norm_by_std=False)
+    >>> advantages.apply(t, jnp.array([[0.2, 1., 0.5], [1., 1., 0.]]))[0].tolist()
+    [[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]]
+  """
+  if eps < 0:
+    raise ValueError(f"best_of_group: eps must be >= 0, got {eps}.")
+
+  def update(values, *, mask=None, group_mask=None, **extra):
+    del extra
+    values, mask, stats = base.prepare(values, mask, group_mask)
+    n = values.shape[-1]
+    if n < 2:
+      return jnp.zeros_like(values), mask
+    keyed = jnp.where(stats, values, -jnp.inf)
+    top, idx = jax.lax.top_k(keyed, 2)   # ties: the lower index first
+    margin = top[:, :1] - top[:, 1:]
+    if norm_by_std:
+      margin = margin / (group_std(values, stats, ddof=1) + eps)
+    enough = jnp.sum(stats, axis=-1, keepdims=True) >= 2
+    margin = jnp.where(enough, margin, 0)
+    is_best = jnp.arange(n) == idx[:, :1]
+    return base.finish(jnp.where(is_best, margin, 0), mask), mask
+
+  return base.stateless(update)
 
 
 def clip(max_abs: float) -> base.AdvantageTransform:

@@ -12,7 +12,7 @@ Here the head is a logistic probe on the RMS-normalized last hidden state of pro
 prefix; `prune` keeps the ceil(rho * K) rows the head rates most likely to succeed and the
 K - ceil(rho * K) it rates least likely (ours: the paper's exact pruning rule is not
 public), and falls back to a random subset until the head has seen `min_examples`
-outcomes. The pipeline runs it with `control.prune="arrol"` (see `training/pipeline.py`).
+outcomes. The training loop runs it as the generator `rollout.generator="arrol"` (`rollout/arrol.py`).
 """
 
 from __future__ import annotations

@@ -13,8 +13,12 @@ pipeline state::
 
 `generate` returns the batch unscored (rewards zero; FILTER runs after it), its tokens tagged
 with `version`, and `stats`, a dict of numbers summed into the step's metrics (counts such as
-`generated_tokens`: tokens actually decoded; without it the batch's completion tokens are
-counted). `update` sees the same groups after FILTER (rewards set, budget applied to
+`generated_tokens`: tokens actually decoded, and `rollouts`: completions started; without them
+the batch's completion tokens and N per prompt are counted). A generator that needs the
+rewards to finish its batch has `finish`: it runs once FILTER has scored the groups and may
+choose which of them are kept (Sol-RL's subset of an FP4 pool, so a group may hold more than N
+samples until then) and set fields the update reads (`old_logprobs`, `token_advantages`),
+which it lists in `fields`. `update` sees the final groups (rewards set, budget applied to
 `sample_mask`) and returns the next state; it accepts and ignores extras by keyword.
 
 A config chooses one by name (`rollout.generator`, settings in `rollout.generator_kwargs`).
@@ -22,7 +26,7 @@ A new one is a module with a factory under `@generators.register("name")` (impor
 `rollouts_jax.rollout`, or by the code that runs the experiment); nothing else changes:
 
 >>> from rollouts_jax.rollout import generators
->>> {"sample", "spec_rl", "self_spec", "tree"} <= set(generators.names())
+>>> {"sample", "spec_rl", "self_spec", "tree", "sol_rl", "arrol", "esr", "adwin"} <= set(generators.names())
 True
 >>> generators.check_kwargs("spec_rl", {"lenient": 2.0})
 Traceback (most recent call last):
@@ -54,11 +58,17 @@ class GeneratorContext:
     sampling: the sampler's settings (N = `num_samples`, T = `max_new_tokens`, EOS, pad ...).
     num_prompts: the size of the training prompt pool (`Prompts.index` ranges over it).
     seed: the run's seed.
+    batch_size: the prompts of one `generate` call (B; state that holds per-row data is
+      sized by it).
+    teacher: (ModelConfig, params) of a stronger policy, when the run has one (on-policy
+      distillation's teacher; None otherwise).
   """
   cfg: models.ModelConfig
   sampling: sampling.SamplingConfig
   num_prompts: int
   seed: int = 0
+  batch_size: int = 0
+  teacher: Any = None
 
 
 @flax.struct.dataclass
@@ -85,10 +95,25 @@ class Generator(NamedTuple):
       updates: the tag of every token), unscored; `stats` a dict of numbers (summed per step).
     update: `(state, scored_batch, *, version, **extra) -> state`: learns from the groups it
       generated once FILTER has scored them.
+    finish: None, or `(state, params, scored_batch, key, *, version) -> (batch, state, stats)`:
+      the generator's last step once FILTER has scored its groups (which samples each group
+      keeps, N of them; fields the update reads).
+    fields: the optional `RolloutBatch` fields its batches carry to the update (e.g.
+      "old_logprobs"), so a replay buffer stores them too.
   """
   init: Callable[[], Any]
   generate: Callable[..., tuple[sampling.RolloutBatch, Any, dict[str, float]]]
   update: Callable[..., Any]
+  finish: Callable[..., tuple[sampling.RolloutBatch, Any, dict[str, float]]] | None = None
+  fields: tuple[str, ...] = ()
+
+
+class Mean(float):
+  """A stat averaged over a step's calls (a plain number is summed): `stats["x"] = Mean(0.25)`.
+
+  >>> Mean(0.25) + 1
+  1.25
+  """
 
 
 #: name -> factory `(ctx: GeneratorContext, **settings) -> Generator`.
@@ -99,7 +124,8 @@ def register(name: str, factory: Callable[..., Generator] | None = None, *, over
   """Registers a generator factory under `name`; without `factory`, a decorator.
 
   A factory takes the `GeneratorContext` first and its settings as keyword arguments, checks
-  them (`setting_error`) and returns a `Generator`.
+  them (`setting_error`; before it touches `ctx.cfg`, which `check` leaves None) and returns a
+  `Generator`. Building one does no work on arrays beyond allocating its state's shape.
   """
   def add(f):
     if name in REGISTRY and not overwrite:
@@ -144,6 +170,23 @@ def check_kwargs(name: str, kwargs: dict[str, Any], key: str = KWARGS_KEY) -> No
     if k not in allowed:
       raise ValueError(f"Config key {key}: generator {name!r} has no setting {k!r}; its settings: "
                        f"{', '.join(allowed) or 'none'}.")
+
+
+def check(name: str, kwargs: dict[str, Any], *, num_samples: int, max_new_tokens: int, batch_size: int,
+          has_teacher: bool = False) -> Generator:
+  """Builds the named generator on a context of the config's shapes only, to check its settings.
+
+  The config validator calls this before any model is loaded: the factory sees no model
+  (`cfg` None) and, when the run has a teacher, a placeholder for it, so every check a factory
+  makes of its settings (names and values) fails here, naming `rollout.generator_kwargs`.
+  The result is for reading `fields`, not for generating.
+  """
+  get(name)
+  check_kwargs(name, kwargs)
+  ctx = GeneratorContext(cfg=None, sampling=sampling.SamplingConfig(num_samples=num_samples,
+                                                                    max_new_tokens=max_new_tokens),
+                         num_prompts=1, batch_size=batch_size, teacher=(None, None) if has_teacher else None)
+  return get(name)(ctx, **kwargs)
 
 
 def build(name: str, ctx: GeneratorContext, **kwargs: Any) -> Generator:

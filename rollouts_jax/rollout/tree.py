@@ -5,10 +5,10 @@ rule, so shared prefixes are decoded once; the leaves are the samples (rows that
 leaf carry `sample_mask` False) and each carries its mean token confidence. The settings are
 `sampling.TreeConfig`'s fields, in `rollout.generator_kwargs`.
 
-TreeRL's per-token node advantages need the leaves' rewards and the tree's shape together, so
-for now the training pipeline runs tree rollouts on its own path (`tree_rollouts`, which also
-returns the `sampling.TreeInfo`) and adds them after FILTER; this entry is the generator for
-every other caller and the place the settings are checked.
+TreeRL's per-token node advantages need the leaves' rewards and the tree's shape together:
+`generate` keeps the tree's shape (`TreeInfo.split`) in the generator's state and `finish`, once
+FILTER has scored the leaves, sets them as the batch's `token_advantages` (the update uses them
+in place of rl.advantage's).
 
 >>> from rollouts_jax.rollout import generators
 >>> generators.check_kwargs("tree", {"branches": 3})
@@ -55,21 +55,34 @@ def tree_rollouts(ctx: generators.GeneratorContext, tree: sampling.TreeConfig, p
 
 
 def tree(ctx: generators.GeneratorContext, **settings) -> generators.Generator:
-  """Tree rollouts with `sampling.TreeConfig(**settings)`; keeps no state."""
+  """Tree rollouts with `sampling.TreeConfig(**settings)`.
+
+  The state is the last call's `TreeInfo.split` (int32 [B, N, N]; zeros of that shape when
+  `ctx.batch_size` is set, so it checkpoints with a fixed structure, else None until the first
+  call); `finish` turns it and the leaves' rewards into TreeRL's node advantages.
+  """
   conf = tree_config(**settings)
+  N, B = ctx.sampling.num_samples, ctx.batch_size
 
   def init():
-    return None
+    return jnp.zeros((B, N, N), jnp.int32) if B else None
 
   def generate(state, params, prompts: generators.Prompts, key, *, version: int):
-    batch, _, stats = tree_rollouts(ctx, conf, params, prompts, key, version=version)
-    return batch, state, stats
+    del state
+    batch, info, stats = tree_rollouts(ctx, conf, params, prompts, key, version=version)
+    return batch, jnp.asarray(info.split, jnp.int32), stats
+
+  def finish(state, params, batch, key, *, version: int):
+    del params, key, version
+    adv = advantages.tree_node_advantages(jnp.asarray(batch.rewards), state, jnp.asarray(batch.sample_mask),
+                                          jnp.asarray(batch.completion_mask))
+    return batch.replace(token_advantages=np.asarray(adv, np.float32)), state, {}
 
   def update(state, batch, *, version: int, **extra):
     del batch, version, extra
     return state
 
-  return generators.Generator(init, generate, update)
+  return generators.Generator(init, generate, update, finish=finish, fields=("token_advantages",))
 
 
 # The settings are TreeConfig's fields: the signature says so, for `generators.check_kwargs`.

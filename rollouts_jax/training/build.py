@@ -15,7 +15,6 @@ from typing import Sequence
 import jax
 
 from rollouts_jax import control, models, replay, rewards, rollout, sampling, tasks
-from rollouts_jax.rollout import tree as rollout_tree
 from rollouts_jax.training import pipeline as pipeline_lib
 from rollouts_jax.training.config import ExperimentConfig, deeplook_settings, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
@@ -89,42 +88,36 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
   selector = control.build(c.name, num_prompts=len(train_examples), num_samples=exp.rollout.num_samples,
                            seed=exp.seed, **parse_kwargs(c.kwargs, "control.kwargs"))
   conf = sampling_config(exp, tokenizer)
-  gen_kwargs = parse_kwargs(exp.rollout.generator_kwargs, "rollout.generator_kwargs")
-  generator = rollout.build(exp.rollout.generator, rollout.GeneratorContext(
-      cfg=cfg, sampling=conf, num_prompts=len(train_examples), seed=exp.seed), **gen_kwargs)
-  pipe = RolloutPipeline(
-      cfg=cfg, prompter=prompter(exp, tokenizer), examples=train_examples,
-      sampling_config=conf, scorer=scorer, selector=selector, generator=generator,
-      batch_size=c.prompts_per_step, dynamic_sampling=c.dynamic_sampling, max_refills=c.max_refills,
-      fp4=exp.rollout.fp4, fp4_pool_size=exp.rollout.fp4_pool_size, subset=c.subset,
-      max_staleness=rp.max_staleness, clusters=rw.clusters if exp.rl.advantage.startswith("uniqueness") else None,
-      needs_seq_logprobs=exp.rl.advantage == "xrpo", ref_samples=rw.ref_samples, ref_refresh=rw.ref_refresh,
-      presample=c.name == "pvpo",
-      overlong_buffer=rw.overlong_buffer, max_failure_frac=rw.max_failure_frac, seed=exp.seed)
-  factory = replay.get(rp.name)
-  if factory is not None:
-    pipe.buffer = factory(rp.capacity, pipe.buffer_example(), max_staleness=rp.max_staleness)
-  if c.prune:  # ARRoL
-    pipe.prune, pipe.prune_oversample, pipe.prune_at = c.prune, c.prune_oversample, c.prune_at
-    pipe.prune_target, pipe.prune_min_examples = c.prune_target, c.prune_min_examples
   ro = exp.rollout
   if ro.distill.endswith("_full"):   # before any teacher is built (the teacher shares the student's vocabulary)
     pipeline_lib.check_full_kl_bytes(ro.distill, c.prompts_per_step * ro.num_samples * ro.max_new_tokens,
                                      cfg.vocab_size)
+  teacher_cfg = teacher_params = None
   if ro.external_samples or ro.distill:  # ERILS / distillation: a local checkpoint or a longer-trained warm start
     if ro.teacher_path:
-      pipe.teacher_cfg, pipe.teacher_params = models.load_hf_checkpoint(ro.teacher_path,
-                                                                        dtype=jax.numpy.dtype(exp.model.dtype))
-      if pipe.teacher_cfg.vocab_size != cfg.vocab_size:
+      teacher_cfg, teacher_params = models.load_hf_checkpoint(ro.teacher_path, dtype=jax.numpy.dtype(exp.model.dtype))
+      if teacher_cfg.vocab_size != cfg.vocab_size:
         raise ValueError(f"rollout.teacher_path={ro.teacher_path!r}: the teacher's vocabulary "
-                         f"({pipe.teacher_cfg.vocab_size}) is not the student's ({cfg.vocab_size}).")
+                         f"({teacher_cfg.vocab_size}) is not the student's ({cfg.vocab_size}).")
     else:
       teacher = dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=ro.teacher_sft_steps))
-      pipe.teacher_cfg, pipe.teacher_params, _, _ = warm_start(teacher, train_examples)
-    pipe.external_samples, pipe.distill, pipe.distill_window = ro.external_samples, ro.distill, ro.distill_window
-    pipe.adwin = (ro.adwin_every, ro.adwin_gamma, ro.adwin_tau)
-  if exp.rollout.generator == "tree":  # tree rollouts (ECHO / TreeRL) still run on the pipeline's own path
-    pipe.tree = rollout_tree.tree_config(**gen_kwargs)
+      teacher_cfg, teacher_params, _, _ = warm_start(teacher, train_examples)
+  generator = rollout.build(ro.generator, rollout.GeneratorContext(
+      cfg=cfg, sampling=conf, num_prompts=len(train_examples), seed=exp.seed, batch_size=c.prompts_per_step,
+      teacher=(teacher_cfg, teacher_params) if ro.distill else None),
+      **parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"))
+  pipe = RolloutPipeline(
+      cfg=cfg, prompter=prompter(exp, tokenizer), examples=train_examples,
+      sampling_config=conf, scorer=scorer, selector=selector, generator=generator,
+      batch_size=c.prompts_per_step, dynamic_sampling=c.dynamic_sampling, max_refills=c.max_refills,
+      max_staleness=rp.max_staleness, clusters=rw.clusters if exp.rl.advantage.startswith("uniqueness") else None,
+      needs_seq_logprobs=exp.rl.advantage == "xrpo", ref_samples=rw.ref_samples, ref_refresh=rw.ref_refresh,
+      presample=c.name == "pvpo", overlong_buffer=rw.overlong_buffer, max_failure_frac=rw.max_failure_frac,
+      teacher_cfg=teacher_cfg, teacher_params=teacher_params, external_samples=ro.external_samples,
+      distill=ro.distill, seed=exp.seed)
+  factory = replay.get(rp.name)
+  if factory is not None:
+    pipe.buffer = factory(rp.capacity, pipe.buffer_example(), max_staleness=rp.max_staleness)
   if exp.rollout.partial_rollouts:  # APRIL
     pipe.partial_requests = math.ceil(c.prompts_per_step * (1 + exp.rollout.over_provision))
     pipe.partial = replay.partial_rollouts(pipe.partial_requests, pipe.buffer_example())

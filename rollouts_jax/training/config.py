@@ -8,7 +8,7 @@ sees these frozen dataclasses, and each stage is built from its own section:
 | `data`      | the Task (`rollouts_jax.tasks`): dataset, prompt format, reference     |
 | `rollout`   | GENERATE: the generator (`rollouts_jax.rollout`), sampler settings     |
 | `reward`    | FILTER: per-sample verifiers, group rewards, reference rewards         |
-| `control`   | CONTROL: the prompt selector, dynamic sampling, the Sol-RL subset      |
+| `control`   | CONTROL: the prompt selector, dynamic sampling                         |
 | `replay`    | REPLAY: the rollout buffer                                             |
 | `rl`        | the update (`training.rl_step`): advantage recipe, loss, optimizer     |
 | `async_rl`  | rollouts overlapped with updates (`training.async_rollouts`)           |
@@ -25,9 +25,9 @@ import os
 import typing
 from typing import Any, Mapping
 
-# rollout.distill: on-policy distillation's rollout modes, each with the single-sample advantage
-# or (suffix "_full") the full-vocabulary reverse KL.
-DISTILL_MODES = ("", "opd", "esr", "adwin", "opd_full", "esr_full", "adwin_full")
+# rollout.distill: on-policy distillation's teacher signal, the single-sample advantage or
+# (suffix "_full") the full-vocabulary KL; the generators "esr" / "adwin" shorten the rollouts.
+DISTILL_MODES = ("", "opd", "opd_full")
 #: `async_rl.old_logprobs`: how an asynchronous step gets the ratio's old log-probs.
 OLD_LOGPROBS = ("recompute", "snapshot", "ewma")
 
@@ -101,10 +101,6 @@ class RolloutConfig:
   top_k: int = 0
   top_p: float = 1.0
   sample_chunk: int = 0         # samples per prompt decoded at once (0: the sampler's default)
-  # Sol-RL (arXiv 2604.06916): explore with an FP4 copy of the policy; control.subset picks
-  # num_samples of the fp4_pool_size samples per prompt.
-  fp4: str = ""                 # "" (off), "nvfp4" or "mxfp4"
-  fp4_pool_size: int = 0        # FP4 samples per prompt (0: num_samples, no selection)
   # APRIL partial rollouts: request ceil(prompts_per_step * (1 + over_provision)) groups (stored
   # unfinished ones first), stop decoding once prompts_per_step groups have finished, and resume
   # the others in later steps under the newer policy (rl.tis_cap corrects their staleness).
@@ -121,6 +117,18 @@ class RolloutConfig:
   #     num_samples leaves per prompt, forking KV-cache rows at high-entropy positions (settings:
   #     sampling.TreeConfig's fields); the update uses TreeRL's per-token node advantages in
   #     place of rl.advantage's.
+  #   "self_spec": EfficientRollout's self-speculative decoding with an FP4 drafter ("fmt=nvfp4").
+  #   "sol_rl": Sol-RL (arXiv 2604.06916): a pool of "pool" samples per prompt from an FP4 copy
+  #     of the policy ("fmt=nvfp4"), of which num_samples are kept ("subset=contrastive":
+  #     best and worst halves by reward; deviation; random) and re-scored in full precision.
+  #   "arrol": ARRoL online pruning (arXiv 2603.24840): ceil(N * (1 + oversample)) rows per
+  #     prompt run "at" tokens; a quality head on the policy's hidden state keeps N of them (a
+  #     "target" share of likely successes) and only those continue; random pruning until the
+  #     head has seen "min_examples" outcomes.
+  #   "esr" / "adwin" (with rollout.distill): only the first "window" tokens are generated and
+  #     trained; adwin adapts the window every "every" steps from a full-rollout probe (grown
+  #     by "gamma" when the prefix's per-sequence signal is less aligned with the full
+  #     rollout's than "tau", shrunk otherwise).
   # A stronger local policy, used by ERILS and on-policy distillation: the same warm start
   # trained teacher_sft_steps SFT steps, or a local Hugging Face folder (teacher_path; any size,
   # the student's vocabulary), which is built once and shared by every seed and run.
@@ -130,22 +138,14 @@ class RolloutConfig:
   # only (length control); rl.advantage="erils" normalizes them apart from the policy's own.
   external_samples: int = 0
   # On-policy distillation: the teacher scores the student's rollouts per token; each token's
-  # advantage is log p_teacher - log p_student (reverse KL), in place of rl.advantage's.
-  # "opd": full rollouts; "esr": only the first distill_window tokens are generated and
-  # trained; "adwin": that window adapts, every adwin_every steps, from a full-rollout probe
-  # (grown by adwin_gamma when the prefix's per-sequence signal is less aligned with the full
-  # rollout's than adwin_tau, shrunk otherwise).
-  # A "_full" suffix ("opd_full", "esr_full", "adwin_full") keeps the rollouts and windows but
-  # replaces the single-sample advantage by the full-vocabulary reverse KL (GKD's on-policy
-  # loss, `losses.full_reverse_kl`): the teacher's log-probs over the vocabulary at every
-  # completion position travel in the batch ([B, N, T, V] floats) and the update minimizes
-  # sum_v p_s (log p_s - log p_t) through the student's logits, with no policy-gradient term.
-  distill: str = ""             # "", "opd", "esr", "adwin", "opd_full", "esr_full" or "adwin_full"
-  distill_window: int = 16
-  adwin_every: int = 5
-  adwin_gamma: float = 0.25
-  adwin_tau: float = 0.9
-  generator: str = "sample"     # a registered generator: "sample", "self_spec", "spec_rl", "tree" ...
+  # advantage is log p_teacher - log p_student (reverse KL), in place of rl.advantage's
+  # ("opd"). "opd_full" replaces the single-sample advantage by the full-vocabulary reverse KL
+  # (GKD's on-policy loss, `losses.full_reverse_kl`): the teacher's log-probs over the
+  # vocabulary at every completion position travel in the batch ([B, N, T, V] floats) and the
+  # update minimizes sum_v p_s (log p_s - log p_t) through the student's logits, with no
+  # policy-gradient term. ESR and ADWIN are the generators "esr" and "adwin" with either.
+  distill: str = ""             # "", "opd" or "opd_full"
+  generator: str = "sample"     # a registered generator: "sample", "sol_rl", "arrol", "spec_rl", "tree" ...
   generator_kwargs: str = ""    # its settings, "key=value,key=value"
 
 
@@ -182,16 +182,6 @@ class ControlConfig:
   # group: `pipeline.STALL_REFILLS`);
   # N >= 0 caps them, and a step that ends short logs `dynamic_sampling/shortfall`.
   max_refills: int = -1
-  subset: str = "contrastive"   # Sol-RL subset of the FP4 pool: contrastive, deviation or random
-  # ARRoL online pruning (arXiv 2603.24840): ceil(N * (1 + prune_oversample)) rows per prompt run
-  # prune_at tokens; a quality head on the policy's hidden state keeps N of them (a prune_target
-  # share of likely successes) and only those continue. Random pruning until the head has seen
-  # prune_min_examples outcomes.
-  prune: str = ""               # "" (off) or "arrol"
-  prune_oversample: float = 0.5
-  prune_at: int = 8             # prefix tokens before pruning
-  prune_target: float = 0.5
-  prune_min_examples: int = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,15 +196,24 @@ class ReplayConfig:
 class RLConfig:
   """The update: everything `training.rl_step` reads, and nothing else (it is a static argument)."""
   steps: int = 100              # RL steps (the learning-rate schedule's length)
-  advantage: str = "grpo"       # a recipe in rollouts_jax.advantages (grpo, dr_grpo, rloo, mc_grpo ...)
+  advantage: str = "grpo"       # a recipe in rollouts_jax.advantages (grpo, dr_grpo, rloo, mc_grpo, opo, gpg ...)
   advantage_kwargs: str = ""    # the recipe's keyword arguments, "key=value,key=value"
-  loss_kind: str = "ppo_clip"   # ppo_clip, gspo, cispo
+  loss_kind: str = "ppo_clip"   # ppo_clip, gspo, cispo, sapo, clip_cov, kl_cov
+  # The loss kind's own settings, "key=value,..." (losses.KIND_KWARGS, verl's names and defaults):
+  # sapo: tau_pos, tau_neg; clip_cov: clip_cov_ratio, clip_cov_lb, clip_cov_ub; kl_cov: kl_cov_ratio, ppo_kl_coef.
+  loss_kwargs: str = ""
   clip_low: float = 0.2
   clip_high: float = 0.2
   dual_clip: float = 0.0        # 0 = off; e.g. 3.0
   agg: str = "token-mean"
   kl_coef: float = 0.0
   kl_kind: str = "k3"
+  # "fixed": kl_coef throughout; "adaptive": kl_coef is the start of Ziegler et al.'s adaptive
+  # controller (verl's AdaptiveKLController), moved after each step toward kl_target over kl_horizon
+  # samples; its state is part of the checkpointed train state.
+  kl_ctrl: str = "fixed"
+  kl_target: float = 0.1
+  kl_horizon: float = 10000.0
   entropy_coef: float = 0.0
   tis_cap: float = 0.0          # truncated importance sampling cap on behaviour/trainer mismatch (0 = off)
   # "truncate": weight min(w, cap); "mask": tokens with w > cap get weight 0 and stay in the
@@ -337,7 +336,82 @@ RENAMED = {
     "rollout.speculative": "rollout.generator='spec_rl'",
     "rollout.spec_lenience": "rollout.generator_kwargs='lenience=...' with rollout.generator='spec_rl'",
     "rollout.tree_kwargs": "rollout.generator_kwargs with rollout.generator='tree'",
+    "rollout.fp4": "rollout.generator='sol_rl' with rollout.generator_kwargs='fmt=...'",
+    "rollout.fp4_pool_size": "rollout.generator_kwargs='pool=...' with rollout.generator='sol_rl'",
+    "control.subset": "rollout.generator_kwargs='subset=...' with rollout.generator='sol_rl'",
+    "control.prune": "rollout.generator='arrol'",
+    "control.prune_oversample": "rollout.generator_kwargs='oversample=...' with rollout.generator='arrol'",
+    "control.prune_at": "rollout.generator_kwargs='at=...' with rollout.generator='arrol'",
+    "control.prune_target": "rollout.generator_kwargs='target=...' with rollout.generator='arrol'",
+    "control.prune_min_examples": "rollout.generator_kwargs='min_examples=...' with rollout.generator='arrol'",
+    "rollout.distill_window": "rollout.generator_kwargs='window=...' with rollout.generator='esr' or 'adwin'",
+    "rollout.adwin_every": "rollout.generator_kwargs='every=...' with rollout.generator='adwin'",
+    "rollout.adwin_gamma": "rollout.generator_kwargs='gamma=...' with rollout.generator='adwin'",
+    "rollout.adwin_tau": "rollout.generator_kwargs='tau=...' with rollout.generator='adwin'",
 }
+
+
+def upgrade_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
+  """A flat {"section.key": value} config written before GENERATE's modes became generators, in today's keys.
+
+  Workdirs (`config.json`) and results files keep the keys of the version that wrote them;
+  reading them through this gives the config today's code would run for the same experiment:
+  `rollout.fp4` / `fp4_pool_size` / `control.subset` become `rollout.generator="sol_rl"`,
+  `control.prune*` become `"arrol"`, `rollout.distill="esr"|"adwin"[_full]` becomes
+  `distill="opd"[_full]` with that generator, its window and ADWIN's settings in
+  `rollout.generator_kwargs`. Keys at their old defaults are dropped. A flat config with none
+  of those keys comes back unchanged.
+
+  >>> upgrade_flat({"rollout.fp4": "mxfp4", "rollout.fp4_pool_size": 0, "control.subset": "contrastive",
+  ...               "rollout.generator": "sample", "rollout.generator_kwargs": ""})
+  {'rollout.generator': 'sol_rl', 'rollout.generator_kwargs': 'fmt=mxfp4,pool=0,subset=contrastive'}
+  >>> upgrade_flat({"rollout.fp4": "", "control.prune": "", "rollout.distill": "opd", "rollout.distill_window": 16})
+  {'rollout.distill': 'opd'}
+  """
+  out = dict(flat)
+  pop = lambda k, default=None: out.pop(k, default)
+  fp4, pool, subset = pop("rollout.fp4", ""), pop("rollout.fp4_pool_size", 0), pop("control.subset", "contrastive")
+  prune = pop("control.prune", "")
+  arrol = {name: pop(f"control.prune_{key}", None) for name, key in (
+      ("oversample", "oversample"), ("at", "at"), ("target", "target"), ("min_examples", "min_examples"))}
+  window = pop("rollout.distill_window", 16)
+  adwin = {name: pop(f"rollout.adwin_{name}", None) for name in ("every", "gamma", "tau")}
+  settings = None
+  if fp4:
+    out["rollout.generator"], settings = "sol_rl", {"fmt": fp4, "pool": pool, "subset": subset}
+  elif prune:
+    out["rollout.generator"], settings = "arrol", {k: v for k, v in arrol.items() if v is not None}
+  distill = out.get("rollout.distill", "")
+  mode = distill.removesuffix("_full")
+  if mode in ("esr", "adwin"):
+    out["rollout.distill"] = "opd_full" if distill.endswith("_full") else "opd"
+    out["rollout.generator"], settings = mode, {"window": window}
+    if mode == "adwin":
+      settings.update({k: v for k, v in adwin.items() if v is not None})
+  if settings is not None:
+    out["rollout.generator_kwargs"] = ",".join(f"{k}={v}" for k, v in settings.items())
+  return out
+
+
+def upgrade(tree: Mapping[str, Any]) -> dict[str, Any]:
+  """`upgrade_flat` of a nested config dict (a workdir's `config.json`), nested again."""
+  flat: dict[str, Any] = {}
+
+  def walk(d, prefix):
+    for k, v in d.items():
+      if isinstance(v, Mapping):
+        walk(v, f"{prefix}{k}.")
+      else:
+        flat[f"{prefix}{k}"] = v
+  walk(tree, "")
+  out: dict[str, Any] = {}
+  for key, value in upgrade_flat(flat).items():
+    *parents, leaf = key.split(".")
+    node = out
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return out
 
 
 def _convert(cls, data: Mapping[str, Any], where: str):
@@ -385,8 +459,11 @@ def to_plain(d: Any) -> Any:
   return d
 
 
-def from_config_dict(config: Any) -> ExperimentConfig:
+def from_config_dict(config: Any, *, check: bool = True) -> ExperimentConfig:
   """Validates and converts a ConfigDict (or dict) into an ExperimentConfig.
+
+  With `check=False` only the keys and their types are checked (not names, sizes or files):
+  for reading a config whose files live on another machine.
 
   Raises:
     ValueError: naming any key that no code reads, a value of the wrong type, or an unknown
@@ -396,7 +473,8 @@ def from_config_dict(config: Any) -> ExperimentConfig:
   3
   """
   cfg = _convert(ExperimentConfig, to_plain(config), "")
-  validate(cfg)
+  if check:
+    validate(cfg)
   return cfg
 
 
@@ -493,9 +571,22 @@ def validate(cfg: ExperimentConfig) -> None:
     if ro.distill:
       raise ValueError(f"{truncation} does not combine with rollout.distill: the teacher's advantage compares "
                        f"full distributions with the student's behaviour log-probs; turn truncation off.")
-  _one_of(ro.fp4, ("", "nvfp4", "mxfp4"), "rollout.fp4")
-  rollout.get(ro.generator, key="rollout.generator")   # the settings' names here, their values when built
-  rollout.check_kwargs(ro.generator, parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"))
+  if ro.distill in ("esr", "adwin", "esr_full", "adwin_full"):
+    raise ValueError(f"rollout.distill={ro.distill!r} is now rollout.distill="
+                     f"{'opd_full' if ro.distill.endswith('_full') else 'opd'!r} with "
+                     f"rollout.generator={ro.distill.removesuffix('_full')!r} (its window in rollout.generator_kwargs).")
+  _one_of(ro.distill, DISTILL_MODES, "rollout.distill")
+  # The generator is built here on a context with the config's shapes (no model, no weights),
+  # so its own checks of its settings run before anything is loaded or compiled.
+  gen = rollout.check(ro.generator, parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"),
+                      num_samples=ro.num_samples, max_new_tokens=ro.max_new_tokens,
+                      batch_size=cfg.control.prompts_per_step, has_teacher=bool(ro.distill))
+  # The rules between sections that remain (each names both keys):
+  #  - a generator other than "sample" does not combine with APRIL's partial rollouts or
+  #    Co-Reward's second view (both decode on their own path), nor with ERILS;
+  #  - distillation takes "sample", "esr" or "adwin" and no filter or buffer of groups;
+  #  - a generator that sets the update's fields (tree's node advantages) is not replayed;
+  #  - a generator that sets old log-probs (Sol-RL) keeps async_rl.old_logprobs='recompute'.
   other_generator = (f"rollout.generator={ro.generator!r}", ro.generator != "sample")
   _positive(ro.external_samples, "rollout.external_samples", allow_zero=True)
   if ro.external_samples:
@@ -509,8 +600,7 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.rl.tis_cap:
       raise ValueError("rollout.external_samples needs rl.tis_cap=0: external tokens carry another policy's "
                        "log-probs and are trained without an importance ratio.")
-    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
-                    other_generator, ("control.prune", bool(cfg.control.prune)),
+    for key, on in (("rollout.partial_rollouts", ro.partial_rollouts), other_generator,
                     ("replay.name", cfg.replay.name != "none"),
                     ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
       if on:
@@ -518,16 +608,15 @@ def validate(cfg: ExperimentConfig) -> None:
   elif cfg.rl.advantage == "erils":
     raise ValueError("rl.advantage='erils' needs rollout.external_samples > 0 (external rollouts to normalize apart).")
   if "cat" in [t for t, _ in rewards.parse_reward_spec(cfg.reward.name)]:
-    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
+    for key, on in (("rollout.partial_rollouts", ro.partial_rollouts),
                     ("rollout.external_samples", bool(ro.external_samples)),
                     ("reward.ref_samples", bool(cfg.reward.ref_samples))):
       if on:
         raise ValueError(f"reward term 'cat' does not combine with {key}; turn one of them off.")
-  _one_of(ro.distill, DISTILL_MODES, "rollout.distill")
   _one_of(cfg.rl.distill_kl, ("reverse", "forward"), "rl.distill_kl")
   if cfg.rl.distill_kl != "reverse" and not ro.distill.endswith("_full"):
     raise ValueError(f"Config key rl.distill_kl={cfg.rl.distill_kl!r} needs full-vocabulary distillation "
-                     f"(rollout.distill 'opd_full', 'esr_full' or 'adwin_full'), got rollout.distill={ro.distill!r}.")
+                     f"(rollout.distill='opd_full'), got rollout.distill={ro.distill!r}.")
   if ro.teacher_path and not os.path.isfile(os.path.join(ro.teacher_path, "config.json")):
     raise FileNotFoundError(f"rollout.teacher_path={ro.teacher_path!r} has no config.json (a local folder in "
                             "Hugging Face layout; nothing is downloaded).")
@@ -536,55 +625,28 @@ def validate(cfg: ExperimentConfig) -> None:
       raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
                        "rollout.distill (the teacher is the warm start trained that many SFT steps, or a local "
                        "checkpoint).")
-    if not 1 <= ro.distill_window <= ro.max_new_tokens:
-      raise ValueError(f"Config key rollout.distill_window must be in [1, rollout.max_new_tokens="
-                       f"{ro.max_new_tokens}], got {ro.distill_window}.")
-    _positive(ro.adwin_every, "rollout.adwin_every")
-    if not 0 < ro.adwin_gamma < 1 or not -1 <= ro.adwin_tau <= 1:
-      raise ValueError(f"Config keys rollout.adwin_gamma must be in (0, 1) and rollout.adwin_tau in [-1, 1]; got "
-                       f"{ro.adwin_gamma}, {ro.adwin_tau}.")
-    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
-                    other_generator, ("control.prune", bool(cfg.control.prune)),
+    for key, on in (("rollout.partial_rollouts", ro.partial_rollouts),
+                    (other_generator[0], ro.generator not in ("sample", "esr", "adwin")),
                     ("rollout.external_samples", bool(ro.external_samples)), ("replay.name", cfg.replay.name != "none"),
                     ("control.dynamic_sampling", cfg.control.dynamic_sampling),
                     ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
       if on:
         raise ValueError(f"rollout.distill does not combine with {key}; turn one of them off.")
-  if ro.generator != "sample":   # these modes generate on their own, in place of any generator
-    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
-                    ("control.prune", bool(cfg.control.prune)),
+  if ro.generator != "sample":   # a generator decodes in place of these modes' own paths
+    for key, on in (("rollout.partial_rollouts", ro.partial_rollouts),
                     ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name),
-                    ("replay.name (tree rollouts' node advantages are not stored)",
-                     ro.generator == "tree" and cfg.replay.name != "none")):
+                    ("replay.name (the generator's update fields are not stored)",
+                     "token_advantages" in gen.fields and cfg.replay.name != "none")):
       if on:
         raise ValueError(f"rollout.generator={ro.generator!r} does not combine with {key}; turn one of them off.")
-  ct = cfg.control
-  _one_of(ct.prune, ("", "arrol"), "control.prune")
-  if ct.prune:
-    if not ct.prune_oversample > 0:
-      raise ValueError(f"Config key control.prune_oversample must be > 0, got {ct.prune_oversample}.")
-    if not 1 <= ct.prune_at < ro.max_new_tokens:
-      raise ValueError(f"Config key control.prune_at must be in [1, rollout.max_new_tokens={ro.max_new_tokens}), "
-                       f"got {ct.prune_at}.")
-    if not 0 <= ct.prune_target <= 1:
-      raise ValueError(f"Config key control.prune_target must be in [0, 1], got {ct.prune_target}.")
-    _positive(ct.prune_min_examples, "control.prune_min_examples", allow_zero=True)
-    for key, on in (("rollout.fp4", bool(ro.fp4)), ("rollout.partial_rollouts", ro.partial_rollouts),
-                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
-      if on:
-        raise ValueError(f"control.prune does not combine with {key}; turn one of them off.")
   if ro.partial_rollouts:
     if not ro.over_provision > 0:
       raise ValueError(f"Config key rollout.over_provision must be > 0 with rollout.partial_rollouts, "
                        f"got {ro.over_provision}.")
-    for key, on in (("rollout.fp4", bool(ro.fp4)), ("control.dynamic_sampling", cfg.control.dynamic_sampling),
+    for key, on in (("control.dynamic_sampling", cfg.control.dynamic_sampling),
                     ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
       if on:
         raise ValueError(f"rollout.partial_rollouts does not combine with {key}; turn one of them off.")
-  if ro.fp4_pool_size and ro.fp4_pool_size < ro.num_samples:
-    raise ValueError(f"rollout.fp4_pool_size {ro.fp4_pool_size} must be >= rollout.num_samples {ro.num_samples}.")
-  if ro.fp4_pool_size and not ro.fp4:
-    raise ValueError("rollout.fp4_pool_size needs rollout.fp4 ('nvfp4' or 'mxfp4').")
 
   rw = cfg.reward
   spec = rewards.parse_reward_spec(rw.name, key="reward.name")
@@ -626,7 +688,6 @@ def validate(cfg: ExperimentConfig) -> None:
   if c.max_refills < -1:
     raise ValueError(f"Config key control.max_refills must be -1 (until the batch is full) or >= 0, "
                      f"got {c.max_refills}.")
-  _one_of(c.subset, control.SUBSET_MODES, "control.subset")
 
   rp = cfg.replay
   replay.get(rp.name, key="replay.name")
@@ -640,6 +701,18 @@ def validate(cfg: ExperimentConfig) -> None:
   transform = advantages.build(rl.advantage, **parse_kwargs(rl.advantage_kwargs, "rl.advantage_kwargs"))
   del transform
   _one_of(rl.loss_kind, losses.KINDS, "rl.loss_kind")
+  losses.check_kind_kwargs(rl.loss_kind, parse_kwargs(rl.loss_kwargs, "rl.loss_kwargs"), "rl.loss_kwargs")
+  _one_of(rl.kl_ctrl, losses.KL_CONTROLLERS, "rl.kl_ctrl")
+  if rl.kl_ctrl == "adaptive":
+    if not rl.kl_coef > 0:
+      raise ValueError(f"Config key rl.kl_ctrl='adaptive' adapts rl.kl_coef, the starting coefficient: set "
+                       f"rl.kl_coef > 0 (got {rl.kl_coef}).")
+    for key in ("kl_target", "kl_horizon"):
+      _positive(getattr(rl, key), f"rl.{key}")
+    samples = cfg.control.prompts_per_step * ro.num_samples
+    if rl.kl_horizon <= 0.2 * samples:   # one step could multiply the coefficient by 1 - 0.2 * samples / horizon <= 0
+      raise ValueError(f"Config key rl.kl_horizon={rl.kl_horizon} must be > 0.2 x the samples of a step "
+                       f"({samples}), or one step can make the adaptive KL coefficient negative.")
   _one_of(rl.agg, losses.AGG_MODES, "rl.agg")
   _one_of(rl.kl_kind, losses.KL_KINDS, "rl.kl_kind")
   _one_of(rl.tis_mode, losses.TIS_MODES, "rl.tis_mode")
@@ -686,7 +759,8 @@ def validate(cfg: ExperimentConfig) -> None:
         "importance weight pi_prox / pi_behav (decoupled PPO), optionally with rl.tis_mode='mask'.")
   if ac.old_logprobs != "recompute":
     # These set the ratio's log-probs themselves, or carry tokens of versions no longer held.
-    for key, on in (("rollout.fp4", bool(ro.fp4)), ("replay.name", rp.name != "none"),
+    for key, on in ((f"rollout.generator={ro.generator!r} (it sets the ratio's log-probs)",
+                     "old_logprobs" in gen.fields), ("replay.name", rp.name != "none"),
                     ("rollout.external_samples", bool(ro.external_samples)),
                     ("rollout.partial_rollouts", ro.partial_rollouts and ac.old_logprobs == "snapshot")):
       if on:

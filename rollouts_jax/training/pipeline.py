@@ -9,10 +9,12 @@ resumes bitwise.
 One step (`collect`):
   1. CONTROL selects B prompts and their budgets (`selector.select`).
   2. GENERATE samples N completions each into a `RolloutBatch`: the configured generator
-     (`rollout.generators`: plain sampling, SPEC-RL ...) or one of the modes still run here
-     (an FP4 pool that CONTROL narrows to N (Sol-RL), ARRoL pruning, tree rollouts, a
-     distillation window); the generator learns from its scored groups (`generator.update`).
-  3. FILTER scores them (verifiers in a grader pool and/or label-free group rewards).
+     (`rollout.generators`: plain sampling, Sol-RL's FP4 pool, ARRoL pruning, SPEC-RL, trees,
+     a distillation window ...).
+  3. FILTER scores them (verifiers in a grader pool and/or label-free group rewards); the
+     generator finishes its groups (`generator.finish`: Sol-RL's subset, TreeRL's node
+     advantages ...), the teacher scores them (distillation) and the generator learns from
+     them (`generator.update`).
   4. Dynamic sampling (a CONTROL group filter) refills until B informative groups or the
      refill budget; surplus informative groups go to the REPLAY buffer, whose stored groups
      are offered first the next step.
@@ -39,10 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rollouts_jax import advantages, control, losses, models, replay, rewards, rollout, sampling, tasks
+from rollouts_jax import control, losses, models, replay, rewards, rollout, sampling, tasks
 from rollouts_jax.advantages import clustering
-from rollouts_jax.rollout import tree as rollout_tree
-from rollouts_jax.sampling import sol_rl
+from rollouts_jax.rollout import extras as rollout_extras
 from rollouts_jax.sampling.batch import RolloutBatch
 from rollouts_jax.training import rl_step as rl_step_lib
 from rollouts_jax.training.evaluation import Prompter, decode_completions
@@ -82,9 +83,7 @@ class PipelineState:
   replay: Any = None
   ref: Any = None
   partial: Any = None
-  arrol: Any = None
   generator: Any = None
-  window: Any = None
 
 
 @dataclasses.dataclass
@@ -102,7 +101,6 @@ class RolloutPipeline:
     dynamic_sampling, max_refills: the DAPO group filter and its generation budget (-1: refill
       until B groups are informative, giving up only after `STALL_REFILLS` fruitless refills
       in a row).
-    fp4, fp4_pool_size, subset: Sol-RL's explorer format, pool size and subset mode.
     buffer: REPLAY's buffer (None: off).
     max_staleness: replayed groups older than this many updates are dropped.
     clusters: "strategy" or "answer" cluster ids for uniqueness recipes (None: not needed).
@@ -110,26 +108,18 @@ class RolloutPipeline:
     overlong_buffer: DAPO soft overlong punishment (0: off).
     partial, partial_requests: APRIL's store of unfinished groups and the groups requested
       per step (None / 0: off).
-    prune, prune_oversample, prune_at, prune_target, prune_min_examples: ARRoL online
-      pruning ("" : off): ceil(N * (1 + oversample)) rows per prompt run `prune_at` tokens,
-      a quality head keeps N of them (a `prune_target` share of likely successes), and only
-      those continue; random pruning until the head has seen `prune_min_examples` outcomes.
     teacher_params, teacher_cfg: a stronger policy (ERILS's external policy, distillation's
       teacher) and its model config (None: the student's; any size with the same vocabulary).
     external_samples: ERILS's teacher rollouts per prompt (0: off); they join each group
       with `source_ids` 1, finished ones only.
-    distill, distill_window, adwin: on-policy distillation ("opd", "esr", "adwin"; "": off):
-      per-token advantages log p_teacher - log p_student on the student's rollouts; ESR
-      generates and trains only the first `distill_window` tokens; ADWIN adapts that window
-      every `adwin[0]` steps from a full-rollout probe (`_adwin_probe`). With the suffix
-      "_full" the batch carries the teacher's log-probs over the vocabulary instead
+    distill: on-policy distillation's teacher signal ("opd", "opd_full"; "": off): per-token
+      advantages log p_teacher - log p_student on the student's rollouts; with "opd_full" the
+      batch carries the teacher's log-probs over the vocabulary instead
       (`RolloutBatch.teacher_logprobs`) and the update minimizes the full-vocabulary KL
-      (reverse, or forward with `rl.distill_kl`); ADWIN's probe keeps the single-sample signal.
-    tree: a `sampling.TreeConfig` (None: independent samples): tree rollouts, whose leaves
-      are the samples and whose TreeRL node values are the per-token advantages.
-    generator: GENERATE's `rollout.Generator` (None: plain sampling, "sample"), used
-      whenever none of the modes above (fp4, prune, tree, a distillation window) generates;
-      its state is `PipelineState.generator`.
+      (reverse, or forward with `rl.distill_kl`). The generators "esr" and "adwin" shorten
+      the rollouts it scores.
+    generator: GENERATE's `rollout.Generator` (None: plain sampling, "sample"); its state is
+      `PipelineState.generator`.
     seed: the run's seed.
   """
   cfg: models.ModelConfig
@@ -141,9 +131,6 @@ class RolloutPipeline:
   batch_size: int
   dynamic_sampling: bool = False
   max_refills: int = -1
-  fp4: str = ""
-  fp4_pool_size: int = 0
-  subset: str = "contrastive"
   buffer: Optional[replay.RolloutBuffer] = None
   max_staleness: int = 4
   clusters: Optional[str] = None
@@ -155,18 +142,10 @@ class RolloutPipeline:
   max_failure_frac: float = 0.5
   partial: Optional[replay.RolloutBuffer] = None
   partial_requests: int = 0
-  prune: str = ""
-  prune_oversample: float = 0.5
-  prune_at: int = 8
-  prune_target: float = 0.5
-  prune_min_examples: int = 64
   teacher_params: Any = None
   teacher_cfg: Optional[models.ModelConfig] = None
   external_samples: int = 0
   distill: str = ""
-  distill_window: int = 16
-  adwin: tuple = (5, 0.25, 0.9)
-  tree: Optional[sampling.TreeConfig] = None
   generator: Optional[rollout.Generator] = None
   seed: int = 0
 
@@ -185,8 +164,9 @@ class RolloutPipeline:
   @property
   def generator_context(self) -> rollout.GeneratorContext:
     """What GENERATE's generators are built from."""
+    teacher = (self.teacher_cfg or self.cfg, self.teacher_params) if self.teacher_params is not None else None
     return rollout.GeneratorContext(cfg=self.cfg, sampling=self.sampling_config, num_prompts=len(self.examples),
-                                    seed=self.seed)
+                                    seed=self.seed, batch_size=self.batch_size, teacher=teacher)
 
   # -- state -------------------------------------------------------------------------------------
   def init_state(self) -> PipelineState:
@@ -198,15 +178,8 @@ class RolloutPipeline:
       n = len(self.examples)
       ref = RefRewards(rewards=jnp.zeros((n, self.ref_samples), jnp.float32), step=jnp.full((n,), -1, jnp.int32))
     partial = self.partial.init() if self.partial is not None else None
-    head = control.arrol.head_init(self.cfg.hidden_size) if self.prune else None
-    window = jnp.asarray(self.distill_window, jnp.int32) if self.distill_mode in ("esr", "adwin") else None
-    return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial, arrol=head,
-                         generator=self.generator.init(), window=window)
-
-  @property
-  def distill_mode(self) -> str:
-    """The rollout mode of distillation ("opd", "esr", "adwin"; "": off), without "_full"."""
-    return self.distill.removesuffix("_full")
+    return PipelineState(control=self.selector.init(), replay=buf, ref=ref, partial=partial,
+                         generator=self.generator.init())
 
   @property
   def distill_full(self) -> bool:
@@ -218,7 +191,7 @@ class RolloutPipeline:
     P = sampling.bucket_length(self.prompter.max_prompt_len, self.prompter.buckets)
     ex = RolloutBatch.empty(1, self.num_samples, P, self.sampling_config.max_new_tokens)
     extras = {"entropy": np.zeros(ex.completion_ids.shape, np.float32)}
-    if self.fp4:
+    if "old_logprobs" in self.generator.fields:
       extras["old_logprobs"] = np.zeros(ex.completion_ids.shape, np.float32)
     return ex.replace(**extras)
 
@@ -246,8 +219,7 @@ class RolloutPipeline:
     refill = informative = fruitless = 0
     ref_state = state.ref
     partial_state = state.partial
-    aux = {"arrol": state.arrol, "generator": state.generator, "window": state.window,   # threaded through _generate
-           "anchor": ref_params}
+    gstate = state.generator
     while self.partial is not None:  # APRIL: one over-provisioned, early-stopped generation
       part, ctl, partial_state = self._generate_partial(params, ctl, partial_state, version, key, stats)
       plan = control.Plan(indices=part.prompt_index, budget=part.sample_mask.sum(1).astype(np.int32))
@@ -258,7 +230,8 @@ class RolloutPipeline:
     while self.partial is None:
       plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B,
                                        **self._select_extras(params, stats))
-      part, aux = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, aux, version)
+      part, gstate = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, gstate, ref_params,
+                                    version)
       n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
       extra = {}
       if self.ref_samples:  # reference rewards of the plan's prompts (cached), for the selector too
@@ -335,136 +308,59 @@ class RolloutPipeline:
         "rollouts": float(stats.get("rollouts")),
     })
     return batch, PipelineState(control=ctl, replay=buf_state, ref=ref_state, partial=partial_state,
-                                arrol=aux["arrol"], generator=aux["generator"], window=aux["window"]), info
+                                generator=gstate), info
 
   # -- stages ------------------------------------------------------------------------------------
   def _sample(self, params, ids, mask, key, conf, cfg=None):
     return jax.device_get(sampling.sample(cfg or self.cfg, params, ids, mask, key, conf))
 
-  def _sample_pruned(self, params, ids, mask, key, head, stats: "_Stats"):
-    """ARRoL: over-sample prefixes, keep N per prompt by the quality head, continue those.
-
-    Returns the survivors' SampleOutput, their prefix hidden states [B, N, H] and predictions.
-    """
-    conf = self.sampling_config
-    N, k = conf.num_samples, self.prune_at
-    M = control.arrol.oversampled(N, self.prune_oversample)
-    first = self._sample(params, ids, mask, key, conf.replace(num_samples=M, max_new_tokens=k))
-    B, P = ids.shape
-    tokens, attn = sampling.batch.teacher_forced_rows(jnp.asarray(ids), jnp.asarray(mask),
-                                                      jnp.asarray(first.completion_ids))
-    hidden = models.forward(self.cfg, params, tokens, attn, return_hidden=True)
-    last = P + np.maximum(np.asarray(first.lengths).reshape(-1), 1) - 1
-    h = np.asarray(jnp.take_along_axis(hidden, jnp.asarray(last)[:, None, None], axis=1)[:, 0])
-    p = np.asarray(control.arrol.head_predict(head, h)).reshape(B, M)
-    ready = int(head.examples) >= self.prune_min_examples
-    sel = np.asarray(control.arrol.prune(jnp.asarray(p), N, jax.random.fold_in(key, 3), target=self.prune_target,
-                                         ready=ready))
-    pre = sol_rl.gather_samples(first, sel)
-    out = jax.device_get(sampling.continue_from(
-        self.cfg, params, ids, mask, pre.completion_ids, pre.completion_mask, jax.random.fold_in(key, 4), conf,
-        prefix_logprobs=pre.logprobs, prefix_policy_logprobs=pre.policy_logprobs, prefix_entropy=pre.entropy))
-    pruned = np.ones((B, M), bool)
-    np.put_along_axis(pruned, sel, False, axis=1)
-    stats.add("generated_tokens", float(np.asarray(first.lengths)[pruned].sum()))
-    stats.add("rollouts", float(pruned.sum()))
-    stats.add("arrol/pruned_rows", float(pruned.sum()))
-    stats.add("arrol/head_ready", float(ready))
-    h_sel = np.take_along_axis(h.reshape(B, M, -1), sel[..., None], axis=1)
-    return out, h_sel, np.take_along_axis(p, sel, axis=1)
-
-  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", aux: dict,
+  def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", gstate, anchor,
                 version: int):
-    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the generation state).
+    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the generator's state).
 
-    `params` are the policy after `version` updates (the tag of every token it generates).
+    The fixed sequence: the generator generates, FILTER scores (a second view too, for
+    Co-Reward), the generator finishes its groups (`Generator.finish`), the side steps add what
+    the update reads (the teacher's signal, ERILS's external rollouts), the selector's budget
+    masks the samples, and the generator learns from the result. `params` are the policy after
+    `version` updates (the tag of every token it generates).
     """
-    aux = dict(aux)
-    own = False   # whether the configured generator made this batch
     idx = np.asarray(plan.indices)
     examples = [self.examples[int(i)] for i in idx]
     ids, mask = self.prompter(examples)
     N = self.num_samples
     t0 = time.perf_counter()
-    if self.fp4:
-      M = self.fp4_pool_size or N
-      params_fp4 = models.quantize_params(self.cfg, params, self.fp4)
-      out = self._sample(params_fp4, ids, mask, key, self.sampling_config.replace(num_samples=M))
-      pool = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=version)
-      stats.add("time/sample", time.perf_counter() - t0)
-      pool_r, info = self._score(pool, examples, stats)
-      pool = pool.replace(rewards=pool_r)
-      sel = control.select_subset(pool_r, N, self.subset, key=jax.random.fold_in(key, 1),
-                                  completion_ids=pool.completion_ids)
-      batch = pool.take_samples(sel)
-      batch, gap = sol_rl.recompute_batch(self.cfg, params, batch, temperature=self.sampling_config.temperature)
-      ids_pool = np.asarray(pool.completion_ids)
-      stats.add("sol/pool_reward_mean", float(pool_r.mean()))
-      stats.add("sol/subset_reward_mean", float(np.asarray(batch.rewards).mean()))
-      stats.add("sol/pool_distinct_per_prompt", float(np.mean([np.unique(ids_pool[b], axis=0).shape[0]
-                                                               for b in range(len(idx))])))
-      stats.add("sol/fp4_logprob_gap", gap["fp4_logprob_gap"])
-      stats.add("rollouts", float(M * len(idx)))
-      stats.add("generated_tokens", float(np.asarray(pool.lengths).sum()))
-    else:
-      prompts = rollout.Prompts(ids=np.asarray(ids, np.int32), mask=np.asarray(mask, bool), index=idx.astype(np.int32))
-      gstats = {}
-      if self.prune:
-        out, h_sel, p_sel = self._sample_pruned(params, np.asarray(ids), np.asarray(mask), key, aux["arrol"], stats)
-        batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=version)
-      elif self.tree is not None:   # (its node advantages, below, need the tree's shape)
-        batch, tinfo, gstats = rollout_tree.tree_rollouts(self.generator_context, self.tree, params, prompts, key,
-                                                         version=version)
-      elif aux.get("window") is not None:   # ESR / ADWIN: only the first `window` tokens
-        stats.add("distill/window", float(aux["window"]))
-        out = self._sample(params, ids, mask, key, self.sampling_config.replace(max_new_tokens=int(aux["window"])))
-        batch = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=version)
-        gstats = rollout.generators.decode_stats(batch)
-      else:
-        batch, aux["generator"], gstats = self.generator.generate(aux["generator"], params, prompts, key,
-                                                                version=version)
-        own = True
-      gstats = dict(gstats)
-      decoded = gstats.pop("generated_tokens", None)
-      for k, v in gstats.items():
-        stats.add(k, v)
-      stats.add("time/sample", time.perf_counter() - t0)
-      second = None
-      if self.scorer.needs_second_view:
-        views = [self.task.rewrite(ex, self.seed) for ex in examples]
-        vids, vmask = self.prompter(views)
-        vout = self._sample(params, vids, vmask, jax.random.fold_in(key, 2), self.sampling_config)
-        second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=version)
-      r, info = self._score(batch, examples, stats, second_view=second, anchor_params=aux.get("anchor"))
-      batch = batch.replace(rewards=r)
-      if self.distill_full:
-        _, teacher = self._teacher_advantages(batch, stats, vocab=True)
-        batch = batch.replace(teacher_logprobs=teacher)
-      elif self.distill:
-        batch = batch.replace(token_advantages=self._teacher_advantages(batch, stats))
-      if self.distill:
-        if self.distill_mode == "adwin" and step % self.adwin[0] == 0:
-          aux["window"] = self._adwin_probe(params, ids, mask, idx, int(aux["window"]), jax.random.fold_in(key, 6),
-                                            stats)
-      if self.tree is not None:
-        batch = batch.replace(token_advantages=np.asarray(advantages.tree_node_advantages(
-            jnp.asarray(r), jnp.asarray(tinfo.split), jnp.asarray(tinfo.leaf_mask),
-            jnp.asarray(batch.completion_mask)), np.float32))
-      if self.prune:  # the head learns from the survivors' outcomes
-        success = np.asarray(r) >= 1.0
-        stats.mean("arrol/head_accuracy", float(((p_sel > 0.5) == success).mean()))
-        aux["arrol"] = control.arrol.head_update(aux["arrol"], jnp.asarray(h_sel.reshape(-1, h_sel.shape[-1])),
-                                         jnp.asarray(success.reshape(-1)), jnp.asarray(batch.sample_mask.reshape(-1)))
+    prompts = rollout.Prompts(ids=np.asarray(ids, np.int32), mask=np.asarray(mask, bool), index=idx.astype(np.int32))
+    batch, gstate, gstats = self.generator.generate(gstate, params, prompts, key, version=version)
+    gstats = dict(gstats)
+    decoded, started = gstats.pop("generated_tokens", None), gstats.pop("rollouts", None)
+    stats.add_all(gstats)
+    stats.add("time/sample", time.perf_counter() - t0)
+    second = None
+    if self.scorer.needs_second_view:
+      views = [self.task.rewrite(ex, self.seed) for ex in examples]
+      vids, vmask = self.prompter(views)
+      vout = self._sample(params, vids, vmask, jax.random.fold_in(key, 2), self.sampling_config)
+      second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=version)
+    r, info = self._score(batch, examples, stats, second_view=second, anchor_params=anchor)
+    batch = batch.replace(rewards=r)
+    stats.add("rollouts", float(N * len(idx)) if started is None else started)
+    stats.add("generated_tokens", float(np.asarray(batch.lengths).sum()) if decoded is None else decoded)
+    stats.add("rollout/padding_frac", _padding_frac(np.asarray(batch.lengths).ravel()))
+    if self.generator.finish is not None:
+      batch, gstate, fstats = self.generator.finish(gstate, params, batch, key, version=version)
+      stats.add_all(fstats)
+    if self.distill_full:
+      _, teacher = self._teacher_advantages(batch, stats, vocab=True)
+      batch = batch.replace(teacher_logprobs=teacher)
+    elif self.distill:
+      batch = batch.replace(token_advantages=self._teacher_advantages(batch, stats))
+    if self.external_samples:
+      batch = self._external(batch, ids, mask, idx, examples, step, jax.random.fold_in(key, 5), stats)
+    if second is not None:
+      second = second.replace(rewards=info["second_view_rewards"])
       stats.add("rollouts", float(N * len(idx)))
-      stats.add("generated_tokens", float(np.asarray(batch.lengths).sum() if decoded is None else decoded))
-      stats.add("rollout/padding_frac", _padding_frac(np.asarray(batch.lengths).ravel()))
-      if self.external_samples:
-        batch = self._external(batch, ids, mask, idx, examples, step, jax.random.fold_in(key, 5), stats)
-      if second is not None:
-        second = second.replace(rewards=info["second_view_rewards"])
-        stats.add("rollouts", float(N * len(idx)))
-        stats.add("generated_tokens", float(np.asarray(second.lengths).sum()))
-        batch = sampling.concat([batch, second])
+      stats.add("generated_tokens", float(np.asarray(second.lengths).sum()))
+      batch = sampling.concat([batch, second])
     stats.add("rollouts_budget", float(np.asarray(plan.budget).sum()))  # what the selector spent
     budget_mask = np.asarray(plan.sample_mask(N))
     if self.external_samples:   # external rollouts are outside the selector's budget
@@ -472,10 +368,10 @@ class RolloutPipeline:
     if batch.prompt_ids.shape[0] != budget_mask.shape[0]:   # two views: both follow the plan's budget
       budget_mask = np.concatenate([budget_mask] * (batch.prompt_ids.shape[0] // budget_mask.shape[0]))
     batch = batch.replace(sample_mask=batch.sample_mask & budget_mask)
-    if own:   # the generator learns from its scored groups (the first view's)
-      first = batch if batch.prompt_ids.shape[0] == len(idx) else batch.take(np.arange(len(idx)))
-      aux["generator"] = self.generator.update(aux["generator"], first, version=version)
-    return batch, aux
+    # The generator learns from its scored groups (the first view's).
+    first = batch if batch.prompt_ids.shape[0] == len(idx) else batch.take(np.arange(len(idx)))
+    gstate = self.generator.update(gstate, first, version=version)
+    return batch, gstate
 
   def _generate_partial(self, params, ctl, pstate, version: int, key: jax.Array, stats: "_Stats"):
     """APRIL: B finished, scored groups; unfinished and surplus groups go back to the store.
@@ -553,6 +449,7 @@ class RolloutPipeline:
     """
     cfg = self.teacher_cfg or self.cfg
     m = np.asarray(batch.completion_mask)
+    teacher = None
     if vocab:
       check_full_kl_bytes(self.distill, math.prod(m.shape), cfg.vocab_size)
       teacher = np.asarray(rl_step_lib.batch_logprobs(
@@ -560,41 +457,11 @@ class RolloutPipeline:
           jnp.asarray(batch.completion_ids, jnp.int32), jnp.asarray(m), cfg=cfg,
           temperature=float(self.sampling_config.temperature), vocab=True), np.float32)
       teacher_lp = np.take_along_axis(teacher, np.asarray(batch.completion_ids)[..., None], axis=-1)[..., 0]
+      adv = np.where(m, teacher_lp - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)
     else:
-      scored, _ = sol_rl.recompute_batch(cfg, self.teacher_params, batch, temperature=self.sampling_config.temperature)
-      teacher_lp = np.asarray(scored.old_logprobs)
-    adv = np.where(m, teacher_lp - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)
+      adv = rollout_extras.teacher_advantages((cfg, self.teacher_params), batch, self.sampling_config.temperature)
     stats.mean("distill/reverse_kl", float(-adv[m].mean()) if m.any() else 0.0)
     return (adv, teacher) if vocab else adv
-
-  def _adwin_probe(self, params, ids, mask, idx, window: int, key, stats: "_Stats") -> jnp.ndarray:
-    """ADWIN: a full-length probe of the same prompts; grow the window if its prefix misleads.
-
-    Alignment is the cosine, over the probe's sequences, between each sequence's mean
-    per-token distillation advantage on its first `window` tokens and on the whole rollout.
-    Below `adwin_tau` the window grows by `adwin_gamma`, else it shrinks by it (ours: the
-    paper's exact rule is not public); the window stays in [4, max_new_tokens], a multiple of
-    4 (few shapes compile). The probe is a cost (its tokens are counted), not training data.
-    """
-    every, gamma, tau = self.adwin
-    T = self.sampling_config.max_new_tokens
-    out = self._sample(params, ids, mask, key, self.sampling_config)
-    probe = sampling.from_samples(ids, mask, out, prompt_index=idx, policy_version=0)
-    adv = self._teacher_advantages(probe, _Stats())
-    m = np.asarray(probe.completion_mask)
-    pre = m & (np.arange(m.shape[-1]) < window)
-    full_mean = (adv * m).sum(-1) / np.maximum(m.sum(-1), 1)
-    pre_mean = (adv * pre).sum(-1) / np.maximum(pre.sum(-1), 1)
-    cos = float((full_mean * pre_mean).sum() / max(np.linalg.norm(full_mean) * np.linalg.norm(pre_mean), 1e-12))
-    if cos < tau:   # grow (rounded up to a multiple of 4) ...
-      new = int(math.ceil(window * (1 + gamma) / 4) * 4)
-    else:           # ... or shrink (rounded down)
-      new = int(math.floor(window * (1 - gamma) / 4) * 4)
-    new = min(T, max(4, new))
-    stats.add("distill/probe_tokens", float(np.asarray(out.lengths).sum()))
-    stats.add("generated_tokens", float(np.asarray(out.lengths).sum()))
-    stats.mean("distill/probe_alignment", cos)
-    return jnp.asarray(new, jnp.int32)
 
   def _external(self, batch: RolloutBatch, ids, mask, idx, examples, step: int, key, stats: "_Stats"):
     """ERILS: the external policy's rollouts of the same prompts join each group (source 1).
@@ -783,6 +650,11 @@ class _Stats:
 
   def get(self, key):
     return self.sums.get(key, 0.0)
+
+  def add_all(self, stats: dict):
+    """A generator's stats: `rollout.Mean` values are averaged over the step's calls, others summed."""
+    for k, v in stats.items():
+      (self.mean if isinstance(v, rollout.Mean) else self.add)(k, v)
 
   def summary(self) -> dict[str, float]:
     out = dict(self.sums)

@@ -64,9 +64,41 @@ def make_optimizer(learning_rate: float, total_updates: int, warmup_steps: int =
 
 
 def rl_optimizer(rl: RLConfig) -> optax.GradientTransformation:
-  return make_optimizer(rl.learning_rate, rl.steps * rl.ppo_epochs * rl.num_minibatches,
-                        rl.warmup_steps, rl.weight_decay, rl.grad_clip, rl.adam_eps,
-                        tuple(n.strip() for n in rl.freeze.split(",") if n.strip()))
+  """The update's optimizer (`make_optimizer` from the config).
+
+  With `rl.kl_ctrl="adaptive"` the KL controller's state rides along as the last element of
+  the chain (`losses.kl_coef_state`): it is part of the optimizer state, hence of the train
+  state, and is checkpointed and restored with it (a resumed run continues bitwise).
+  """
+  tx = make_optimizer(rl.learning_rate, rl.steps * rl.ppo_epochs * rl.num_minibatches,
+                      rl.warmup_steps, rl.weight_decay, rl.grad_clip, rl.adam_eps,
+                      tuple(n.strip() for n in rl.freeze.split(",") if n.strip()))
+  if rl.kl_ctrl == "adaptive":
+    tx = optax.chain(tx, losses.kl_coef_state(kl_controller(rl)))
+  return tx
+
+
+def kl_controller(rl: RLConfig) -> losses.KLController:
+  """The KL coefficient controller of the config (`rl.kl_ctrl`, starting from `rl.kl_coef`)."""
+  return losses.build_kl_controller(rl.kl_ctrl, rl.kl_coef, rl.kl_target, rl.kl_horizon)
+
+
+def kl_coef_of(state: TrainState, rl: RLConfig) -> jax.Array:
+  """The KL coefficient the next update uses: `rl.kl_coef`, or the adaptive controller's current one.
+
+  >>> conf = RLConfig(kl_coef=0.05, kl_ctrl="adaptive")
+  >>> state = init_train_state({"w": jnp.zeros(2)}, rl_optimizer(conf))
+  >>> round(float(kl_coef_of(state, conf)), 6)
+  0.05
+  """
+  if rl.kl_ctrl == "adaptive":
+    return state.opt_state[-1].kl_coef
+  return jnp.asarray(rl.kl_coef, jnp.float32)
+
+
+def loss_kwargs(rl: RLConfig) -> dict[str, float]:
+  """`rl.loss_kwargs` for `rl.loss_kind`, checked and merged over the kind's defaults."""
+  return losses.check_kind_kwargs(rl.loss_kind, parse_kwargs(rl.loss_kwargs, "rl.loss_kwargs"), "rl.loss_kwargs")
 
 
 def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainState:
@@ -154,7 +186,7 @@ def echo_shaped(adv_BxNxT: jax.Array, rollouts: RolloutBatch, sample_mask_BxN: j
 
 
 def _advantage_extras(rollouts: RolloutBatch) -> dict[str, Any]:
-  extra = {}
+  extra = {"lengths": rollouts.lengths}   # completion lengths (OPO, REINFORCE++'s token whitening)
   for name in ("cluster_ids", "seq_logprobs", "ref_rewards", "ref_mask", "source_ids"):
     if getattr(rollouts, name) is not None:
       extra[name] = getattr(rollouts, name)
@@ -194,6 +226,11 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   With `rl.logprob_chunk` = C > 0 every log-prob pass sends the completion positions through
   the output head C at a time (`models.scoring.hidden_logprobs`): at most [rows, C, V] logits
   in the forward and the backward.
+
+  With `rl.kl_ctrl="adaptive"` the KL coefficient of this step is the controller's (kept in
+  the optimizer state, `kl_coef_of`), reported as `kl_coef`; after the step the controller
+  moves it with the step's mean `kl` metric and the number of valid samples as n_steps
+  (`losses.adaptive_kl_controller`).
   """
   tx = rl_optimizer(rl)
   B, N, T = rollouts.completion_ids.shape
@@ -226,6 +263,8 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   n_micro = rows_per_mb // micro
   one_update = rl.ppo_epochs * M == 1
   chunk = rl.logprob_chunk
+  kind_kwargs = loss_kwargs(rl)
+  kl_coef = kl_coef_of(state, rl)   # the coefficient of this step (constant over its updates)
   if rollouts.old_logprobs is not None:
     old_lp = rollouts.old_logprobs.reshape(R, T)
   elif one_update:
@@ -264,12 +303,12 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
                                         **common)
       else:
         pg, m = losses.policy_loss(lp, old, mb["adv"], mb["mask"], kind=rl.loss_kind, clip_low=rl.clip_low,
-                                   clip_high=rl.clip_high, **common)
+                                   clip_high=rl.clip_high, kind_kwargs=kind_kwargs, **common)
       total = pg
       m = dict(m, pg_loss=pg)
     if rl.kl_coef > 0:
       kl = losses.kl_penalty(lp, mb["ref"], kind=rl.kl_kind, mask=mb["mask"], agg=rl.agg, max_len=max_len)
-      total = total + rl.kl_coef * kl
+      total = total + kl_coef * kl
       m["kl"] = kl
     ent_mean = losses.aggregate(ent, mb["mask"], rl.agg, max_len=max_len)
     if rl.entropy_coef > 0:
@@ -310,7 +349,7 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     g0 = jax.tree_util.tree_map(jnp.zeros_like, st.params)
     (grads, m), lp = jax.lax.scan(acc, (g0, m0), micro_batches)
     grad_norm = optax.global_norm(grads)
-    loss = m["distill_kl" if full_kl else "pg_loss"] + (rl.kl_coef * m["kl"] if rl.kl_coef > 0 else 0.0)
+    loss = m["distill_kl" if full_kl else "pg_loss"] + (kl_coef * m["kl"] if rl.kl_coef > 0 else 0.0)
     ok = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
     updates, new_opt = tx.update(grads, st.opt_state, st.params)
     new_params = optax.apply_updates(st.params, updates)
@@ -329,6 +368,11 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   stacked = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *all_metrics)
   metrics = {k: (jnp.max(v) if k in ("ratio_max", "nonfinite") else jnp.min(v) if k == "ratio_min"
                  else jnp.mean(v)) for k, v in stacked.items()}
+  if rl.kl_ctrl == "adaptive":   # the controller sees this step's KL; its next coefficient is checkpointed
+    ctrl_state = kl_controller(rl).update(state.opt_state[-1], metrics["kl"],
+                                          jnp.sum(rollouts.sample_mask).astype(jnp.float32))
+    state = state.replace(opt_state=state.opt_state[:-1] + (ctrl_state,))
+    metrics["kl_coef"] = kl_coef
   valid = rollouts.sample_mask
   metrics["advantage_abs_mean"] = jnp.sum(jnp.abs(adv_BxN) * sample_mask_BxN) / jnp.maximum(
       jnp.sum(sample_mask_BxN), 1)

@@ -251,6 +251,8 @@ def check_workdir_config(workdir: str | os.PathLike, exp_dict: Mapping[str, Any]
           "Pass the override (allow_change / --allow_config_change) to continue with the new config.",
           [f"{CONFIG_FILE}: unreadable"]) from None
     saved = {}
+  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  saved = config_lib.upgrade(saved)   # a workdir of an earlier version, in today's keys
   changes = config_changes(saved, exp_dict, exclude=exclude)
   if changes and not allow_change:
     raise ConfigMismatchError(

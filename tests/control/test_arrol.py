@@ -49,20 +49,21 @@ def test_prune_keeps_a_balanced_mix_when_ready_and_a_random_subset_before():
 
 
 def test_pipeline_prunes_prefixes_and_trains_the_head():
-  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 12},
-             control={"prune": "arrol", "prune_oversample": 1.0, "prune_at": 4, "prune_min_examples": 8})
+  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 12, "generator": "arrol",
+                      "generator_kwargs": "oversample=1.0,at=4,min_examples=8"})
   p, params = _pipeline(exp)
   state = p.init_state()
-  assert int(state.arrol.examples) == 0
+  assert int(state.generator.head.examples) == 0
   batch, state, info = p.collect(state, params, 0, jax.random.key(0))
   B, N, _ = batch.completion_ids.shape
   assert (B, N) == (4, 4)
   assert info["arrol/pruned_rows"] == 16 and info["rollouts"] == 32 and info["arrol/head_ready"] == 0.0
-  assert int(state.arrol.examples) == 16        # the survivors' outcomes
+  assert int(state.generator.head.examples) == 16        # the survivors' outcomes
+  assert 0.0 <= info["arrol/head_accuracy"] <= 1.0
   kept_tokens = int(np.asarray(batch.lengths).sum())
   assert kept_tokens < info["generated_tokens"] <= kept_tokens + 16 * 4   # pruned rows cost <= prune_at each
   batch2, state2, info2 = p.collect(state, params, 1, jax.random.key(1))
-  assert info2["arrol/head_ready"] == 1.0 and int(state2.arrol.examples) == 32
+  assert info2["arrol/head_ready"] == 1.0 and int(state2.generator.head.examples) == 32
   # The head is part of the checkpointed state: a restored copy continues identically.
   leaves, tree = jax.tree_util.tree_flatten(state)
   restored = jax.tree_util.tree_unflatten(tree, [np.asarray(x) for x in leaves])
@@ -70,11 +71,12 @@ def test_pipeline_prunes_prefixes_and_trains_the_head():
   np.testing.assert_array_equal(np.asarray(again.completion_ids), np.asarray(batch2.completion_ids))
 
 
-@pytest.mark.parametrize("control_section,match", [
-    ({"prune": "arol"}, "control.prune"),
-    ({"prune": "arrol", "prune_at": 8}, "control.prune_at"),
-    ({"prune": "arrol", "prune_oversample": 0.0}, "control.prune_oversample"),
+@pytest.mark.parametrize("kwargs,match", [
+    ("oversampling=1.0", "has no setting 'oversampling'"),
+    ("at=8", "'at' must be an integer in \\[1, rollout.max_new_tokens=8\\)"),
+    ("at=4,oversample=0.0", "'oversample' must be a number > 0"),
+    ("at=4,target=1.5", "'target' must be in \\[0, 1\\]"),
 ])
-def test_prune_config_errors_name_the_key(control_section, match):
-  with pytest.raises(ValueError, match=match):
-    config_lib.validate(_exp(control=control_section))
+def test_arrol_config_errors_name_the_key(kwargs, match):
+  with pytest.raises(ValueError, match="rollout.generator_kwargs.*" + match):
+    _exp(rollout={"generator": "arrol", "generator_kwargs": kwargs})

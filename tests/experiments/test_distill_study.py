@@ -200,7 +200,8 @@ def test_the_multiplication_variant_of_the_arms(monkeypatch):
   add = config_lib.load_config_file(arms, "esr16_full_lr3")
   mul = config_lib.load_config_file(arms, "esr16_full_lr3,mul")
   assert (add.data.ops, mul.data.ops, mul.data.difficulty) == ("+", "*", 2)
-  assert (mul.rollout.distill, mul.rollout.distill_window, mul.rl.learning_rate) == ("esr_full", 16, 3e-4)
+  assert (mul.rollout.distill, mul.rollout.generator, mul.rollout.generator_kwargs, mul.rl.learning_rate) == (
+      "opd_full", "esr", "window=16", 3e-4)
   assert (add.rollout.teacher_sft_steps, mul.rollout.teacher_sft_steps) == (400, 600)
   assert (add.sft.steps, mul.sft.steps) == (275, 450)   # each task's student
   assert mul.rollout.max_new_tokens == 56 and mul.data.num_train == 8000
@@ -212,7 +213,7 @@ def test_the_multiplication_variant_of_the_arms(monkeypatch):
     config_lib.load_config_file(arms, "opd,esr")
   strong = config_lib.load_config_file(arms, "esr16_full_long,mul,strong")
   assert (strong.data.ops, strong.sft.steps, strong.rollout.teacher_sft_steps) == ("*", 800, 1200)
-  assert (strong.rollout.distill_window, strong.rl.learning_rate, strong.rl.steps) == (16, 1.5e-4, 320)
+  assert (strong.rollout.generator_kwargs, strong.rl.learning_rate, strong.rl.steps) == ("window=16", 1.5e-4, 320)
   with pytest.raises(ValueError, match="variant of 'mul'"):
     config_lib.load_config_file(arms, "opd,strong")
   monkeypatch.setattr(ds, "TASK", "mul_strong")

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from conftest import load_script
+from rollouts_jax.training import config as rollout_config
 
 rp = load_script("reproduce")
 
@@ -162,10 +163,13 @@ def test_real_studies_apply_each_miniature_arm_s_own_edit_to_the_shipped_smollm2
   assert set(rp.REAL_STUDIES).isdisjoint(rp.STUDIES)
   for name, study in rp.REAL_STUDIES.items():
     mini = name.removeprefix("real_")
+    if mini not in rp.STUDIES:   # a study of its own on the real model (real_opd): tested below
+      continue
     base = rp._load_exp(mini, rp.STUDIES[mini].arms[0], False).to_dict()
     for arm in study.arms:
       real = rp._load_exp(name, arm, False)
       assert real.model.init == "gguf" and real.rl.steps == 24, (name, arm)
+      rp.run_config(name, arm, 0)                           # validates, as the training process will
       assert rp.warm_start_overrides(study, False, {}, in_process=True) == []
       edited = rp._load_exp(mini, arm, False).to_dict()          # an arm of the miniature's config
       changed = [(s, k) for s in edited if isinstance(edited[s], dict) for k in edited[s]
@@ -174,6 +178,45 @@ def test_real_studies_apply_each_miniature_arm_s_own_edit_to_the_shipped_smollm2
         assert changed, (name, arm)                          # each later arm is a real edit
       for section, key in changed:
         assert real[section][key] == edited[section][key], (name, arm, section, key)
+
+
+def test_real_opd_distils_from_the_exported_grpo_teacher(tmp_path, monkeypatch):
+  """`real_opd`: its arms read the teacher where the harness exports the `teacher` arm's run; the
+  teacher is trained and exported once (again only when its run changes) and reported beside the table."""
+  study = rp.REAL_STUDIES["real_opd"]
+  teacher, opd, esr = (rp._load_exp("real_opd", a, False) for a in ("teacher", "opd", "esr"))
+  assert (teacher.rollout.distill, opd.rollout.distill, esr.rollout.distill) == ("", "opd", "opd")
+  assert (opd.rollout.generator, esr.rollout.generator, esr.rollout.generator_kwargs) == ("sample", "esr", "window=12")
+  folder = rp.teacher_folder(study, False)
+  assert str(folder) == opd.rollout.teacher_path == esr.rollout.teacher_path
+  assert rp.run_config("real_opd", "esr", 1)["rollout.teacher_path"] == str(folder)   # read without the folder
+  monkeypatch.setattr(rp, "teacher_folder", lambda s, smoke: tmp_path / "teacher_hf")
+  trained, exported = [], []
+
+  def fake_run_one(st, arm, seed, workdir, overrides, **kw):
+    trained.append((arm, seed, str(workdir)))
+    return {"arm": arm, "seed": seed, "eval/pass@1 before": 0.15, "eval/pass@1 after": 0.45, "eval/maj@8 after": 0.5}
+
+  def fake_export(cmd, **kw):
+    exported.append(cmd)
+    (tmp_path / "teacher_hf").mkdir(exist_ok=True)
+    return type("Done", (), {"returncode": 0, "stderr": ""})()
+
+  monkeypatch.setattr(rp, "run_one", fake_run_one)
+  monkeypatch.setattr(rp.subprocess, "run", fake_export)
+  got = rp.ensure_teacher(study, tmp_path / "real_opd", [], smoke=False, env={}, in_process=False, log=lambda m: None)
+  assert got["eval/pass@1 after"] == 0.45 and trained[0][:2] == ("teacher", 0)
+  assert exported and f"--export_hf={tmp_path / 'teacher_hf'}" in exported[0]
+  rp.ensure_teacher(study, tmp_path / "real_opd", [], smoke=False, env={}, in_process=False, log=lambda m: None)
+  assert len(exported) == 1                                  # exported once
+  doc = {"arms": {}}
+  (tmp_path / "res").mkdir()
+  (tmp_path / "res" / "repro_real_opd.md").write_text("| table |\n")
+  result = {"eval/pass@1 before": 0.15, "eval/pass@1 after": 0.45, "eval/maj@8 after": 0.5}
+  doc = rp.add_teacher(study, tmp_path / "res", tmp_path / "real_opd", doc, recorded=result)
+  assert doc["teacher"] == result
+  assert "Teacher: the `teacher` arm" in (tmp_path / "res" / "repro_real_opd.md").read_text()
+  assert json.loads((tmp_path / "res" / "repro_real_opd.json").read_text())["teacher"] == result
 
 
 def test_run_one_reads_a_finished_workdir_without_training(tmp_path):
@@ -198,10 +241,12 @@ def _check_smoke_tables(res, docs, runs_dir, log=()):
       # size where there is one) for its one step.
       exp = json.loads((runs_dir / name / arm / "seed0" / "config.json").read_text())
       want = rp._load_exp(name, arm, smoke=True)
-      for key in ("rl.advantage", "rollout.num_samples", "rollout.fp4", "rollout.fp4_pool_size", "reward.name"):
+      for key in ("rl.advantage", "rollout.num_samples", "rollout.generator", "rollout.generator_kwargs",
+                  "reward.name"):
         section, leaf = key.split(".")
         assert exp[section][leaf] == want[section][leaf], (name, arm, key)
-      per_prompt = want.rollout.fp4_pool_size or want.rollout.num_samples
+      pool = rollout_config.parse_kwargs(want.rollout.generator_kwargs).get("pool", 0)
+      per_prompt = pool or want.rollout.num_samples
       assert row["rollouts"]["mean"] == want.control.prompts_per_step * per_prompt * want.rl.steps, (name, arm)
     md = (res / f"repro_{name}.md").read_text()
     assert md.count("\n| ") == len(study.arms) + 1         # header + one row per arm

@@ -13,12 +13,12 @@ from tests.pipeline.test_stages import _exp, _pipeline
 
 
 def _distill_pipeline(monkeypatch, **rollout):
+  """A pipeline whose teacher is a random policy of the student's size (in place of the SFT warm start)."""
   from rollouts_jax.training import build
-  monkeypatch.setattr(build, "warm_start", lambda e, ex: (None, None, None, None))
+  cfg = _pipeline(_exp())[0].cfg
+  monkeypatch.setattr(build, "warm_start", lambda e, ex: (cfg, models.init_params(cfg, jax.random.key(11)), None, None))
   exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, **rollout})
-  p, params = _pipeline(exp)
-  p.teacher_params = models.init_params(p.cfg, jax.random.key(11))
-  return p, params
+  return _pipeline(exp)
 
 
 def _teacher_minus_student(batch, teacher_cfg, teacher_params, student_cfg, student_params):
@@ -40,24 +40,29 @@ def test_opd_token_advantages_are_teacher_minus_student_logprobs(monkeypatch):
 
 
 def test_esr_generates_only_the_window(monkeypatch):
-  p, params = _distill_pipeline(monkeypatch, distill="esr", distill_window=4)
+  p, params = _distill_pipeline(monkeypatch, distill="opd", generator="esr", generator_kwargs="window=4")
   state = p.init_state()
   batch, state, info = p.collect(state, params, 0, jax.random.key(0))
   assert batch.completion_ids.shape[-1] <= 8 and int(np.asarray(batch.lengths).max()) <= 4
-  assert info["generated_tokens"] <= 4 * 4 * 4 and int(state.window) == 4
+  assert info["generated_tokens"] <= 4 * 4 * 4 and info["distill/window"] == 4
+  m = np.asarray(batch.completion_mask)   # the teacher's signal on the window's tokens
+  np.testing.assert_allclose(np.asarray(batch.token_advantages)[m],
+                             _teacher_minus_student(batch, p.cfg, p.teacher_params, p.cfg, params)[m], atol=2e-4)
 
 
 def test_adwin_adapts_the_window_from_full_probes(monkeypatch):
-  p, params = _distill_pipeline(monkeypatch, distill="adwin", distill_window=8, adwin_every=1, adwin_tau=1.0)
+  p, params = _distill_pipeline(monkeypatch, distill="opd", generator="adwin",
+                                generator_kwargs="window=8,every=1,tau=1.0")
   state = p.init_state()
   _, state, info = p.collect(state, params, 0, jax.random.key(0))
   # tau = 1: a prefix is never perfectly aligned with the full rollout, so the window grows.
-  assert int(state.window) == 12 and info["distill/probe_tokens"] > 0
+  assert int(state.generator) == 12 and info["distill/probe_tokens"] > 0
   assert info["generated_tokens"] > info["distill/probe_tokens"]
-  p.adwin = (1, 0.25, -1.0)   # tau = -1: always aligned enough, so it shrinks, never below 4
-  for step in range(1, 6):
+  p, _ = _distill_pipeline(monkeypatch, distill="opd", generator="adwin", generator_kwargs="window=8,every=1,tau=-1.0")
+  # tau = -1: always aligned enough, so it shrinks, never below 4.
+  for step in range(6):
     _, state, info = p.collect(state, params, step, jax.random.key(step))
-  assert int(state.window) == 4 and info["distill/window"] == 4
+  assert int(state.generator) == 4 and info["distill/window"] == 4
 
 
 def test_a_teacher_of_another_size_from_a_local_checkpoint(tmp_path):
@@ -86,7 +91,12 @@ def test_a_teacher_of_another_size_from_a_local_checkpoint(tmp_path):
 @pytest.mark.parametrize("rollout,match", [
     ({"distill": "kd"}, "rollout.distill"),
     ({"distill": "opd"}, "rollout.teacher_sft_steps"),
-    ({"distill": "esr", "teacher_sft_steps": 5, "distill_window": 0}, "rollout.distill_window"),
+    ({"distill": "opd", "teacher_sft_steps": 5, "generator": "esr", "generator_kwargs": "window=0"},
+     "rollout.generator_kwargs.*'esr'.*window"),
+    ({"generator": "esr"}, "rollout.generator='esr'.*rollout.distill"),
+    ({"distill": "opd", "teacher_sft_steps": 5, "generator": "adwin", "generator_kwargs": "window=4,gamma=1.5"},
+     "rollout.generator_kwargs.*'adwin'.*gamma"),
+    ({"distill": "opd", "teacher_sft_steps": 5, "generator": "spec_rl"}, "rollout.distill.*rollout.generator='spec_rl'"),
 ])
 def test_distill_config_errors_name_the_key(rollout, match):
   with pytest.raises(ValueError, match=match):

@@ -87,7 +87,7 @@ def test_april_state_checkpoints_and_resumes_bitwise():
 
 @pytest.mark.parametrize("sections,match", [
     ({"rollout": {"partial_rollouts": True, "over_provision": 0.0}}, "rollout.over_provision"),
-    ({"rollout": {"partial_rollouts": True, "fp4": "nvfp4"}}, "rollout.fp4"),
+    ({"rollout": {"partial_rollouts": True, "generator": "sol_rl"}}, "rollout.generator='sol_rl'.*partial_rollouts"),
     ({"rollout": {"partial_rollouts": True}, "control": {"dynamic_sampling": True}}, "control.dynamic_sampling"),
 ])
 def test_partial_rollouts_config_errors_name_the_key(sections, match):

@@ -111,7 +111,8 @@ def test_scorer_sums_weighted_terms_and_label_free_terms_need_no_references():
     ("reward.name", "task + 0.1*format_answer_tag",
      lambda p: p.scorer.terms == [("task", 1.0), ("format_answer_tag", 0.1)]),
     ("rl.advantage", "xrpo", lambda p: p.needs_seq_logprobs),
-    ("rollout.fp4", "nvfp4", lambda p: p.fp4 == "nvfp4"),
+    ("rollout.generator", "sol_rl", lambda p: p.generator.fields == ("old_logprobs",)),
+    ("rollout.generator", "tree", lambda p: p.generator.fields == ("token_advantages",)),
     ("data.task", "countdown", lambda p: p.task.name == "countdown"),
 ])
 def test_each_stage_is_swapped_by_config_name(key, value, check):
@@ -122,10 +123,10 @@ def test_each_stage_is_swapped_by_config_name(key, value, check):
 
 
 @pytest.mark.parametrize("key,value", [
-    ("control.name", "vadee"), ("control.kwargs", "nope=1"), ("control.subset", "best"),
+    ("control.name", "vadee"), ("control.kwargs", "nope=1"),
     ("replay.name", "lifo"), ("reward.name", "tttrl"), ("reward.clusters", "judge"),
     ("rl.advantage", "grpoo"), ("rl.advantage_kwargs", "alhpa=2"), ("rl.loss_kind", "ppo"), ("rl.agg", "mean"),
-    ("rl.kl_kind", "k4"), ("data.task", "gsm9k"), ("rollout.fp4", "fp8"), ("rollout.num_samples", 0),
+    ("rl.kl_kind", "k4"), ("data.task", "gsm9k"), ("rollout.generator", "fp4"), ("rollout.num_samples", 0),
     ("rollout.temperature", -1.0), ("control.prompts_per_step", -2), ("rl.clip_low", -0.1), ("rl.dual_clip", 0.5),
 ])
 def test_bad_names_sizes_and_signs_are_named_before_anything_is_built(key, value):

@@ -1,9 +1,12 @@
 """GENERATE's registry: names and settings checked with their config keys, each generator's property,
 and a generator defined here, in the test, training through the real loop with no library edit."""
 
+import dataclasses
+import json
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -36,7 +39,7 @@ def _exp(**rollout_section):
 
 def test_names_and_settings_are_checked_with_their_config_keys():
   assert rollout.names()[0] == "sample" and {"spec_rl", "tree"} <= set(rollout.names())
-  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, self_spec, spec_rl"):
+  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, adwin, arrol, esr, self_spec, sol_rl, spec_rl, tree"):
     _exp(generator="beam")
   with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'"):
     rollout.build("beam", CTX)
@@ -56,6 +59,10 @@ def test_names_and_settings_are_checked_with_their_config_keys():
   # A replaced key says what replaced it.
   with pytest.raises(ValueError, match=r"rollout\.speculative is now rollout\.generator='spec_rl'"):
     _exp(speculative="spec_rl")
+  with pytest.raises(ValueError, match=r"rollout\.fp4 is now rollout\.generator='sol_rl'"):
+    _exp(fp4="nvfp4")
+  with pytest.raises(ValueError, match=r"rollout.distill='esr' is now rollout.distill='opd' with rollout.generator='esr'"):
+    _exp(distill="esr", teacher_sft_steps=5)
 
 
 # -------------------------------------------------------------------------------- generators
@@ -193,3 +200,75 @@ def test_a_generator_registered_in_a_test_trains_through_the_loop(tmp_path, monk
   (version, shape, ids), = SEEN
   B, N = exp.control.prompts_per_step, exp.rollout.num_samples
   assert version == 0 and shape == (B, N) and (ids == ids[:, :1]).all()
+
+
+def test_sol_rl_generator_pools_fp4_samples_and_finishes_with_a_subset_in_full_precision():
+  """Sol-RL (`rollout.generator=sol_rl`): a pool of M FP4 samples per prompt; once scored, `finish`
+  keeps N (the best and worst halves) and sets old_logprobs to the full-precision policy's."""
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'sol_rl'.*'pool'.*>= rollout.num_samples=4"):
+    rollout.build("sol_rl", CTX, pool=3)
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'sol_rl'.*'subset'"):
+    _exp(generator="sol_rl", generator_kwargs="subset=best")
+  gen = rollout.build("sol_rl", CTX, fmt="nvfp4", pool=8)
+  assert gen.fields == ("old_logprobs",)
+  prompts = _prompts([0, 3, 5])
+  pool, state, stats = gen.generate(gen.init(), PARAMS, prompts, jax.random.key(7), version=1)
+  assert pool.completion_ids.shape[:2] == (3, 8) and stats["rollouts"] == 24
+  assert stats["generated_tokens"] == np.asarray(pool.lengths).sum()
+  r = np.tile(np.arange(8, dtype=np.float32), (3, 1))   # sample j of every prompt scores j
+  kept, state, fstats = gen.finish(state, PARAMS, pool.replace(rewards=r), jax.random.key(7), version=1)
+  assert kept.completion_ids.shape[:2] == (3, 4)
+  assert sorted(np.asarray(kept.rewards)[0].tolist()) == [0.0, 1.0, 6.0, 7.0]   # worst two and best two
+  lp, _ = models.token_logprobs(CFG, PARAMS, *_teacher_forced(kept), temperature=CONF.temperature)
+  m = np.asarray(kept.completion_mask)
+  np.testing.assert_allclose(np.asarray(kept.old_logprobs)[m], np.asarray(lp).reshape(m.shape)[m], atol=2e-5)
+  gap = np.abs(np.asarray(kept.old_logprobs) - np.asarray(kept.behaviour_logprobs))[m].mean()
+  assert float(fstats["sol/fp4_logprob_gap"]) == pytest.approx(gap, rel=1e-4) and gap > 0   # FP4 sampled them
+  assert float(fstats["sol/pool_reward_mean"]) == pytest.approx(3.5)
+  assert isinstance(fstats["sol/pool_reward_mean"], rollout.Mean)
+
+
+def test_tree_generator_finishes_with_treerl_node_advantages():
+  from rollouts_jax import advantages
+  gen = rollout.build("tree", dataclasses.replace(CTX, batch_size=2), max_width=4, entropy_min=0.0, min_depth=1)
+  assert gen.init().shape == (2, 4, 4) and gen.fields == ("token_advantages",)
+  prompts = _prompts([1, 2])
+  batch, state, _ = gen.generate(gen.init(), PARAMS, prompts, jax.random.key(3), version=0)
+  r = np.asarray(batch.sample_mask, np.float32) * np.array([[1, 0, 1, 0]], np.float32)
+  done, _, _ = gen.finish(state, PARAMS, batch.replace(rewards=r), jax.random.key(3), version=0)
+  want = advantages.tree_node_advantages(jnp.asarray(r), state, jnp.asarray(batch.sample_mask),
+                                         jnp.asarray(batch.completion_mask))
+  np.testing.assert_array_equal(np.asarray(done.token_advantages), np.asarray(want, np.float32))
+
+
+def test_a_workdir_of_the_flag_era_resumes_under_the_generator_keys(tmp_path):
+  """A config.json written when Sol-RL, ARRoL and ESR / ADWIN were flags (`rollout.fp4`, `control.prune`,
+  `rollout.distill="adwin"`) is the same experiment as today's generator config: the run resumes."""
+  import dataclasses as dc
+  from rollouts_jax.training import workdir as workdir_lib
+  for legacy, today in [
+      ({"rollout": {"fp4": "nvfp4", "fp4_pool_size": 8}, "control": {"subset": "contrastive"}},
+       {"generator": "sol_rl", "generator_kwargs": "fmt=nvfp4,pool=8,subset=contrastive"}),
+      ({"control": {"prune": "arrol", "prune_oversample": 1.0, "prune_at": 4, "prune_target": 0.5,
+                    "prune_min_examples": 64}},
+       {"generator": "arrol", "generator_kwargs": "oversample=1.0,at=4,target=0.5,min_examples=64"}),
+      ({"rollout": {"distill": "adwin_full", "distill_window": 4, "adwin_every": 5, "adwin_gamma": 0.25,
+                    "adwin_tau": 0.9, "teacher_sft_steps": 5}},
+       {"distill": "opd_full", "generator": "adwin", "generator_kwargs": "window=4,every=5,gamma=0.25,tau=0.9",
+        "teacher_sft_steps": 5}),
+  ]:
+    exp = _exp(**today)
+    old = dc.asdict(exp)
+    old["rollout"].update({"fp4": "", "fp4_pool_size": 0, "distill_window": 16, "adwin_every": 5, "adwin_gamma": 0.25,
+                           "adwin_tau": 0.9, "distill": "", "generator": "sample", "generator_kwargs": ""})
+    old["control"].update({"subset": "contrastive", "prune": "", "prune_oversample": 0.5, "prune_at": 8,
+                           "prune_target": 0.5, "prune_min_examples": 64})
+    old["rollout"]["teacher_sft_steps"] = exp.rollout.teacher_sft_steps
+    for section, values in legacy.items():
+      old[section].update(values)
+    folder = tmp_path / today["generator"]
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(old, default=str))
+    got = workdir_lib.check_workdir_config(folder, dc.asdict(exp), write=False)
+    assert got["status"] == "same", (today, got)
+    assert config_lib.from_config_dict(config_lib.upgrade(old)) == exp

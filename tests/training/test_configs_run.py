@@ -70,7 +70,7 @@ def test_smoke_config_runs_one_step(name, tmp_path, shared_cache, monkeypatch):
   # The evaluation before and after RL ran on the config's task and gave probabilities.
   for when in ("before", "after"):
     assert 0.0 <= summary[when]["eval/pass@1"] <= 1.0
-  if exp.rollout.fp4:
+  if exp.rollout.generator == "sol_rl":
     assert "sol/fp4_logprob_gap" in step_rows[0] and "sol/pool_reward_mean" in step_rows[0]
 
 

@@ -198,10 +198,10 @@ def test_pipeline_full_mode_carries_the_teachers_vocabulary_logprobs(monkeypatch
 
 
 def test_esr_full_keeps_the_window(monkeypatch):
-  p, params = _distill_pipeline(monkeypatch, distill="esr_full", distill_window=4)
+  p, params = _distill_pipeline(monkeypatch, distill="opd_full", generator="esr", generator_kwargs="window=4")
   state = p.init_state()
-  batch, state, _ = p.collect(state, params, 0, jax.random.key(0))
-  assert int(np.asarray(batch.lengths).max()) <= 4 and int(state.window) == 4
+  batch, state, info = p.collect(state, params, 0, jax.random.key(0))
+  assert int(np.asarray(batch.lengths).max()) <= 4 and info["distill/window"] == 4
   assert np.all(np.asarray(batch.teacher_logprobs)[:, :, 4:] == 0)
 
 
@@ -216,11 +216,12 @@ def test_full_mode_is_refused_before_the_teacher_is_built(monkeypatch):
   from rollouts_jax.training import build
   from tests.pipeline.test_stages import _exp, _pipeline
   built = []
-  monkeypatch.setattr(build, "warm_start", lambda *a, **k: built.append(1) or (None, None, None, None))
-  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, "distill": "esr_full",
-                      "distill_window": 4})
+  cfg = _pipeline(_exp())[0].cfg
+  monkeypatch.setattr(build, "warm_start", lambda *a, **k: built.append(1) or (cfg, None, None, None))
+  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, "distill": "opd_full",
+                      "generator": "esr", "generator_kwargs": "window=4"})
   monkeypatch.setattr(pipeline_lib, "FULL_KL_MAX_BYTES", 1000)
-  with pytest.raises(ValueError, match=r"rollout.distill='esr_full'.*single-sample form \(rollout.distill='esr'\)"):
+  with pytest.raises(ValueError, match=r"rollout.distill='opd_full'.*single-sample form \(rollout.distill='opd'\)"):
     _pipeline(exp)
   assert not built
   monkeypatch.setattr(pipeline_lib, "FULL_KL_MAX_BYTES", 2**30)
@@ -235,13 +236,14 @@ def test_config_names_the_key():
   with pytest.raises(ValueError, match="rollout.teacher_sft_steps"):
     _exp(rollout={"distill": "opd_full"})
   with pytest.raises(ValueError, match="rollout.distill does not combine with replay.name"):
-    _exp(rollout={"distill": "adwin_full", "teacher_sft_steps": 5, "distill_window": 4}, replay={"name": "fifo"})
+    _exp(rollout={"distill": "opd_full", "teacher_sft_steps": 5, "generator": "adwin", "generator_kwargs": "window=4"},
+         replay={"name": "fifo"})
   with pytest.raises(ValueError, match="rl.distill_kl must be one of"):
-    _exp(rollout={"distill": "opd_full", "teacher_sft_steps": 5, "distill_window": 4}, rl={"distill_kl": "jsd"})
+    _exp(rollout={"distill": "opd_full", "teacher_sft_steps": 5}, rl={"distill_kl": "jsd"})
   with pytest.raises(ValueError, match=r"rl.distill_kl='forward' needs full-vocabulary distillation"):
-    _exp(rollout={"distill": "opd", "teacher_sft_steps": 5, "distill_window": 4}, rl={"distill_kl": "forward"})
-  esr = _exp(rollout={"distill": "esr_full", "teacher_sft_steps": 5, "distill_window": 4})
-  assert esr.rollout.distill == "esr_full"
-  fwd = _exp(rollout={"distill": "opd_full", "teacher_sft_steps": 5, "distill_window": 4}, rl={"distill_kl": "forward"})
+    _exp(rollout={"distill": "opd", "teacher_sft_steps": 5}, rl={"distill_kl": "forward"})
+  esr = _exp(rollout={"distill": "opd_full", "teacher_sft_steps": 5, "generator": "esr", "generator_kwargs": "window=4"})
+  assert (esr.rollout.distill, esr.rollout.generator) == ("opd_full", "esr")
+  fwd = _exp(rollout={"distill": "opd_full", "teacher_sft_steps": 5}, rl={"distill_kl": "forward"})
   assert fwd.rl.distill_kl == "forward"
   assert dataclasses.is_dataclass(config_lib.RolloutConfig) and config_lib.RolloutConfig().distill == ""

@@ -388,7 +388,8 @@ def warm_start_overrides(study: Study, smoke: bool, env: dict, *, in_process: bo
   """Overrides that load the study's seed-0 SFT warm start as a local checkpoint (built if absent)."""
   from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
   from rollouts_jax.training import config as config_lib, policy  # pylint: disable=g-import-not-at-top
-  exp = config_lib.from_config_dict(_load_exp(study.name, study.arms[0], smoke, study.extra))
+  exp = config_lib.from_config_dict(_load_exp(study.name, study.arms[0], smoke, study.extra),
+                                    check=not study.teacher)   # (a teacher folder may not exist yet)
   if exp.model.init == "gguf":   # a pretrained model as shipped: nothing to build
     return []
   root = pathlib.Path(exp.sft.cache_dir) if exp.sft.cache_dir else tasks.cache_root() / "warmstart"

@@ -190,6 +190,7 @@ def test_real_opd_distils_from_the_exported_grpo_teacher(tmp_path, monkeypatch):
   folder = rp.teacher_folder(study, False)
   assert str(folder) == opd.rollout.teacher_path == esr.rollout.teacher_path
   assert rp.run_config("real_opd", "esr", 1)["rollout.teacher_path"] == str(folder)   # read without the folder
+  assert rp.warm_start_overrides(study, False, {}, in_process=True) == []             # before the teacher exists
   monkeypatch.setattr(rp, "teacher_folder", lambda s, smoke: tmp_path / "teacher_hf")
   trained, exported = [], []
 

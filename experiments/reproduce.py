@@ -555,11 +555,15 @@ def run_one(study: Study, arm: str, seed: int, workdir: pathlib.Path, overrides:
   return result
 
 
-def committed_runs(path: pathlib.Path) -> dict[tuple[str, int], dict]:
-  """{(arm, seed): run result} of a results JSON written by `write_outputs` ({} if there is none)."""
+def committed_runs(path: pathlib.Path) -> tuple[dict[tuple[str, int], dict], dict]:
+  """({(arm, seed): run result}, its teacher record) of a results JSON written by `write_outputs`.
+
+  ({}, {}) if there is none.
+  """
   if not path.exists():
-    return {}
-  return {(r["arm"], int(r["seed"])): r for r in json.loads(path.read_text()).get("runs", [])}
+    return {}, {}
+  recorded = json.loads(path.read_text())
+  return {(r["arm"], int(r["seed"])): r for r in recorded.get("runs", [])}, recorded.get("teacher") or {}
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -746,13 +750,11 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
     results, missing, overrides = [], [], None
     # Runs recorded in the study's results JSON (a commit of an earlier machine's) count as done
     # when their config is today's: a study spread over machines repeats nothing.
-    recorded = {} if smoke else committed_runs(results_dir / f"repro_{name}.json")
+    recorded, recorded_teacher = ({}, {}) if smoke else committed_runs(results_dir / f"repro_{name}.json")
     # Keys the warm start sets (paths on the machine that built it), and a teacher's folder, do
     # not tell runs apart.
     ignored = (["rollout.teacher_path"] if name in REAL_STUDIES
                else [o.partition("=")[0] for o in hf_overrides(runs_dir)])
-    recorded_teacher = {} if smoke or not (results_dir / f"repro_{name}.json").exists() else json.loads(
-        (results_dir / f"repro_{name}.json").read_text()).get("teacher")
     for seed in range(seeds):
       for arm in chosen:
         workdir = runs_dir / ("smoke" if smoke else "") / name / arm / f"seed{seed}"

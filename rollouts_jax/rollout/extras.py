@@ -25,5 +25,10 @@ def teacher_advantages(teacher, batch: RolloutBatch, temperature: float) -> np.n
   """
   cfg, params = teacher
   scored, _ = sol_rl_lib.recompute_batch(cfg, params, batch, temperature=temperature)
+  return reverse_kl_advantages(scored.old_logprobs, batch)
+
+
+def reverse_kl_advantages(teacher_logprobs, batch: RolloutBatch) -> np.ndarray:
+  """float32 [B, N, T]: the teacher's log-probs of the batch's tokens minus the behaviour's, 0 off the mask."""
   m = np.asarray(batch.completion_mask)
-  return np.where(m, np.asarray(scored.old_logprobs) - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)
+  return np.where(m, np.asarray(teacher_logprobs) - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)

@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from rollouts_jax import sampling
+from rollouts_jax.kernels.fp4 import FORMATS   # `models.quantize_params`'s formats
 from rollouts_jax.rollout import generators
-
-FORMATS = ("nvfp4", "mxfp4")   # `models.quantize_params`'s
 
 
 @generators.register("self_spec")

@@ -19,10 +19,9 @@ import jax
 import numpy as np
 
 from rollouts_jax import control, models, sampling
+from rollouts_jax.kernels.fp4 import FORMATS   # `models.quantize_params`'s formats
 from rollouts_jax.rollout import generators
 from rollouts_jax.sampling import sol_rl as sol_rl_lib
-
-FORMATS = ("nvfp4", "mxfp4")   # `models.quantize_params`'s
 
 
 @generators.register("sol_rl")

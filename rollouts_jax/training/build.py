@@ -14,7 +14,7 @@ from typing import Sequence
 
 import jax
 
-from rollouts_jax import control, models, replay, rewards, rollout, sampling, tasks
+from rollouts_jax import control, models, replay, rewards, sampling, tasks
 from rollouts_jax.training import pipeline as pipeline_lib
 from rollouts_jax.training.config import ExperimentConfig, deeplook_settings, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
@@ -102,13 +102,10 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
     else:
       teacher = dataclasses.replace(exp, sft=dataclasses.replace(exp.sft, steps=ro.teacher_sft_steps))
       teacher_cfg, teacher_params, _, _ = warm_start(teacher, train_examples)
-  generator = rollout.build(ro.generator, rollout.GeneratorContext(
-      cfg=cfg, sampling=conf, num_prompts=len(train_examples), seed=exp.seed, batch_size=c.prompts_per_step,
-      teacher=(teacher_cfg, teacher_params) if ro.distill else None),
-      **parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"))
   pipe = RolloutPipeline(
       cfg=cfg, prompter=prompter(exp, tokenizer), examples=train_examples,
-      sampling_config=conf, scorer=scorer, selector=selector, generator=generator,
+      sampling_config=conf, scorer=scorer, selector=selector, generator_name=ro.generator,
+      generator_kwargs=parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"),
       batch_size=c.prompts_per_step, dynamic_sampling=c.dynamic_sampling, max_refills=c.max_refills,
       max_staleness=rp.max_staleness, clusters=rw.clusters if exp.rl.advantage.startswith("uniqueness") else None,
       needs_seq_logprobs=exp.rl.advantage == "xrpo", ref_samples=rw.ref_samples, ref_refresh=rw.ref_refresh,

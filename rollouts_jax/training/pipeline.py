@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import flax
 import jax
@@ -147,11 +147,13 @@ class RolloutPipeline:
   external_samples: int = 0
   distill: str = ""
   generator: Optional[rollout.Generator] = None
+  generator_name: str = "sample"
+  generator_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   seed: int = 0
 
   def __post_init__(self):
-    if self.generator is None:
-      self.generator = rollout.build("sample", self.generator_context)
+    if self.generator is None:   # GENERATE's generator, built from this pipeline's context
+      self.generator = rollout.build(self.generator_name, self.generator_context, **self.generator_kwargs)
 
   @property
   def task(self) -> tasks.Task:
@@ -164,7 +166,8 @@ class RolloutPipeline:
   @property
   def generator_context(self) -> rollout.GeneratorContext:
     """What GENERATE's generators are built from."""
-    teacher = (self.teacher_cfg or self.cfg, self.teacher_params) if self.teacher_params is not None else None
+    # The distillation teacher only: ERILS's external policy is not a teacher to the generators.
+    teacher = (self.teacher_cfg or self.cfg, self.teacher_params) if self.distill else None
     return rollout.GeneratorContext(cfg=self.cfg, sampling=self.sampling_config, num_prompts=len(self.examples),
                                     seed=self.seed, batch_size=self.batch_size, teacher=teacher)
 
@@ -457,7 +460,7 @@ class RolloutPipeline:
           jnp.asarray(batch.completion_ids, jnp.int32), jnp.asarray(m), cfg=cfg,
           temperature=float(self.sampling_config.temperature), vocab=True), np.float32)
       teacher_lp = np.take_along_axis(teacher, np.asarray(batch.completion_ids)[..., None], axis=-1)[..., 0]
-      adv = np.where(m, teacher_lp - np.asarray(batch.behaviour_logprobs), 0.0).astype(np.float32)
+      adv = rollout_extras.reverse_kl_advantages(teacher_lp, batch)
     else:
       adv = rollout_extras.teacher_advantages((cfg, self.teacher_params), batch, self.sampling_config.temperature)
     stats.mean("distill/reverse_kl", float(-adv[m].mean()) if m.any() else 0.0)

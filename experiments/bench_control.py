@@ -55,7 +55,8 @@ RESULTS = HERE / "results"
 SELECTORS = ["vade", "hive", "pilot_commit", "xrpo", "pvpo"]
 METHODS = ["uniform", "dynamic_sampling"] + SELECTORS
 # Settings other than the defaults, shown next to them (name:setting=value:...).
-VARIANTS = ["pilot_commit:pilot_samples=4", "xrpo:budget_fraction=0.75", "vade:fast_decay=1.0:slow_decay=1.0"]
+VARIANTS = ["pilot_commit:pilot_samples=4", "pilot_commit:same_step=False", "xrpo:budget_fraction=0.75", "xrpo:phases=1",
+            "vade:fast_decay=1.0:slow_decay=1.0"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,12 +104,19 @@ def run_bandit(method: str, seed: int, *, K: int, B: int, N: int, budget: int, f
 
   @jax.jit
   def generate(sel_state, logit, g, key):
-    """select -> Bernoulli rollouts (+ simulated entropy) -> selector update."""
+    """select -> Bernoulli rollouts (+ simulated entropy) -> [second phase] -> selector update.
+
+    A selector with a second phase (`refine`: XRPO's phases, Pilot-Commit's same-step commit)
+    sees the first budgets' rewards and adds rollouts to the same groups, as in the loop.
+    """
     k_sel, k_r, k_e = jax.random.split(key, 3)
     plan, sel_state = sel.select(sel_state, k_sel, B)
     p = probs(logit, g)[plan.indices]
     r = (jax.random.uniform(k_r, (B, N)) < p[:, None]).astype(jnp.float32)
     m = plan.sample_mask(N)
+    if sel.refine is not None:
+      plan, sel_state = sel.refine(sel_state, plan, jnp.where(m, r, 0.0), m)
+      m = plan.sample_mask(N)
     h = -(p * jnp.log(jnp.maximum(p, 1e-6)) + (1 - p) * jnp.log(jnp.maximum(1 - p, 1e-6))) / jnp.log(2.0)
     ent = 0.2 + 0.8 * h[:, None] + 0.1 * jax.random.normal(k_e, (B, N))
     sel_state = sel.update(sel_state, plan, r, m, entropy_BxN=ent)
@@ -293,7 +301,15 @@ REAL_METHODS = {
     "dynamic_sampling": ["--config.control.dynamic_sampling=True"],
     "vade": ["--config.control.name=vade"],
     "hive": ["--config.control.name=hive"],
+    # Budgets that change what is decoded (two phases within a step).
+    "xrpo": ["--config.control.name=xrpo", "--config.control.kwargs=budget_fraction=0.5"],
+    "pilot_commit": ["--config.control.name=pilot_commit"],
 }
+# Rollouts per step as a share of uniform's, for giving a method the steps that spend about
+# uniform's tokens (`--equal_tokens`); Pilot-Commit's share varies, so this is its upper estimate
+# (3/4 of the rows pilots of N/4, 1/4 committed to N) and the report reads the step where its
+# generated tokens reach uniform's.
+ROLLOUT_SHARE = {"xrpo": 0.5, "pilot_commit": 0.75 * 0.25 + 0.25}
 
 
 def real_main(args):
@@ -302,15 +318,17 @@ def real_main(args):
   path = RESULTS / f"control_real{'_' + args.tag if args.tag else ''}.json"
   out = json.loads(path.read_text()) if path.exists() else {"mode": "real", "methods": {}}
   out.update({"config": os.path.relpath(args.config, HERE.parent), "steps": args.steps, "seed": args.seed,
-              "tag": args.tag, "extra": args.extra})
+              "tag": args.tag, "extra": args.extra, "equal_tokens": args.equal_tokens})
   for method in args.methods:
     if method not in REAL_METHODS:
-      print(f"{method}: no real-loop recipe here (the PVPO selector needs the loop to pass reference "
-            "rewards to update; XRPO and Pilot-Commit need the loop to log budget-aware rollouts).")
+      print(f"{method}: no real-loop recipe here (see REAL_METHODS).")
       continue
     workdir = root / f"control_{method}{'_' + args.tag if args.tag else ''}_s{args.seed}"
+    steps = args.steps
+    if args.equal_tokens:   # about uniform's tokens: more steps for a method that decodes less per step
+      steps = int(math.ceil(args.steps / ROLLOUT_SHARE.get(method, 1.0)))
     cmd = [sys.executable, str(HERE / "train.py"), f"--config={args.config}", f"--workdir={workdir}",
-           f"--config.rl.steps={args.steps}", f"--config.seed={args.seed}", "--config.eval.every=0",
+           f"--config.rl.steps={steps}", f"--config.seed={args.seed}", f"--config.eval.every={args.eval_every}",
            f"--config.eval.num_examples={args.eval_examples}", "--noprogress"] + REAL_METHODS[method] + args.extra
     t0 = time.time()
     load = os.getloadavg()
@@ -328,6 +346,9 @@ def real_main(args):
         "informative_groups": [r["informative_groups"] for r in steps],
         "reward_mean_sampled": [r.get("reward_mean_sampled", r["reward_mean"]) for r in steps],
         "rollouts": [r.get("rollouts_budget", r.get("rollouts", 0.0)) for r in steps],
+        "generated_tokens": [r.get("generated_tokens", 0.0) for r in steps],
+        # Held-out pass@1 at each periodic evaluation: (step, value), step 0 the start.
+        "evals": [(r["step"], r["eval/pass@1"]) for r in recs if "eval/pass@1" in r],
         "summary": summary, "wall_s": time.time() - t0, "loadavg_before": load, "loadavg_after": os.getloadavg(),
     }
     path.write_text(json.dumps(out, indent=1, default=str))
@@ -354,12 +375,16 @@ def real_report(out):
   if not ok:
     return
   equal = min(float(np.sum(r["rollouts"])) for r in ok.values())
-  lines = [f"Real loop: `{out['config']}` {' '.join(out.get('extra') or [])}, {out['steps']} RL steps per method, "
-           f"seed {out['seed']}. "
-           f"Equal rollouts = {equal:.0f} (the smallest total over the methods).", "",
+  with_tokens = all(r.get("generated_tokens") for r in ok.values())
+  equal_tok = min(float(np.sum(r["generated_tokens"])) for r in ok.values()) if with_tokens else 0.0
+  lines = [f"Real loop: `{out['config']}` {' '.join(out.get('extra') or [])}, {out['steps']} RL steps "
+           f"({'scaled per method to spend about uniform' + chr(39) + 's tokens' if out.get('equal_tokens') else 'per method'}), "
+           f"seed {out['seed']}. Equal rollouts = {equal:.0f} (the smallest total over the methods)"
+           + (f"; equal generated tokens = {equal_tok:.0f}." if with_tokens else "."), "",
            "| method | informative groups (trained batch, mean) | sampled reward, last 10 steps within equal "
-           "rollouts | total rollouts | pass@1 before -> after (all steps) |",
-           "|---|---|---|---|---|"]
+           "rollouts | total rollouts | decoded tokens / step | pass@1 at equal tokens (step) | "
+           "pass@1 before -> after (all steps) |",
+           "|---|---|---|---|---|---|---|"]
   for m, r in ok.items():
     cum = np.cumsum(r["rollouts"])
     n = max(1, int(np.searchsorted(cum, equal, side="right")))
@@ -369,7 +394,18 @@ def real_report(out):
     before = _find(s.get("before", {}), "eval/pass@1", "pass@1")
     after = _find(s.get("after", {}), "eval/pass@1", "pass@1")
     ev = f"{before:.3f} -> {after:.3f}" if isinstance(before, float) and isinstance(after, float) else "n/a"
-    lines.append(f"| {m} | {info:.3f} | {rew:.3f} | {cum[-1]:.0f} | {ev} |")
+    tok = np.asarray(r.get("generated_tokens") or [np.nan], float)
+    at_eq = "n/a"
+    if with_tokens and r.get("evals"):
+      # The last evaluation at or before the step where the method's tokens reach the equal total
+      # (within 1%: a run that ends that close to it counts as reaching it at its end).
+      n_tok = max(1, int(np.searchsorted(np.cumsum(tok), equal_tok * 1.01, side="right")))
+      evals = [(int(st), float(v)) for st, v in r["evals"] if int(st) <= n_tok]
+      if after is not None and n_tok >= len(tok):
+        evals.append((len(tok), float(after)))
+      if evals:
+        at_eq = f"{evals[-1][1]:.3f} ({evals[-1][0]})"
+    lines.append(f"| {m} | {info:.3f} | {rew:.3f} | {cum[-1]:.0f} | {np.nanmean(tok):.0f} | {at_eq} | {ev} |")
     r["at_equal_rollouts"] = {"steps": n, "informative_groups": info, "reward_mean_sampled_last10": rew}
   (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
   (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1, default=str))
@@ -392,6 +428,9 @@ def main(argv=None):
   ap.add_argument("--max_refills", type=int, default=2)
   ap.add_argument("--config", default=str(HERE.parent / "configs" / "default.py"))
   ap.add_argument("--steps", type=int, default=40)
+  ap.add_argument("--equal_tokens", action="store_true",
+                  help="real: scale each method's steps to spend about uniform's generated tokens (ROLLOUT_SHARE)")
+  ap.add_argument("--eval_every", type=int, default=0, help="real: held-out evaluation every this many steps")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--eval_examples", type=int, default=200)
   ap.add_argument("--workdir_root", default=os.path.join(os.path.expanduser("~"), "rollouts_control_runs"))

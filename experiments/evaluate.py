@@ -5,7 +5,8 @@ r"""Evaluates a policy on a test split: pass@1, pass@k (unbiased estimator), maj
   # a Hugging Face checkpoint folder on a benchmark:
   python experiments/evaluate.py --config=configs/gsm8k_qwen.py:/path/to/ckpt --config.eval.k=8
 
-  # the final policy of a run as a Hugging Face folder (e.g. a teacher for rollout.teacher_path):
+  # the final policy of a run as a Hugging Face folder (e.g. a teacher for rollout.teacher_path);
+  # a LoRA run (lora.rank > 0) writes base + adapters merged, and the adapters alone under lora_adapter/:
   python experiments/evaluate.py --workdir=/tmp/rollouts_default --export_hf=/tmp/teacher_hf
 
   # DeepLook decoding against plain sampling, accuracy against generated tokens:
@@ -94,8 +95,12 @@ def _run():
     sys.exit(2)
   if FLAGS.export_hf:
     from rollouts_jax import models  # pylint: disable=g-import-not-at-top
-    models.save_hf_checkpoint(FLAGS.export_hf, cfg, params)
+    models.save_hf_checkpoint(FLAGS.export_hf, cfg, params)   # a LoRA policy: base + adapters, merged
     print(f"Wrote {where} to {FLAGS.export_hf} (Hugging Face layout).")
+    if models.lora.is_lora(params):   # and the adapters alone, in PEFT's layout
+      folder = models.lora.save_adapters(os.path.join(FLAGS.export_hf, "lora_adapter"), models.lora.adapters_of(params),
+                                         rank=exp.lora.rank, alpha=exp.lora.alpha, base_model=exp.model.path)
+      print(f"Wrote its LoRA adapters alone to {folder}.")
     return
   examples = list(test[:exp.eval.num_examples])
   if FLAGS.decoder == "deeplook":

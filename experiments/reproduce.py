@@ -751,19 +751,26 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
     # Runs recorded in the study's results JSON (a commit of an earlier machine's) count as done
     # when their config is today's: a study spread over machines repeats nothing.
     recorded, recorded_teacher = ({}, {}) if smoke else committed_runs(results_dir / f"repro_{name}.json")
+    study_dir = runs_dir / ("smoke" if smoke else "") / name
+
+    def save(plot=False):
+      """The study's JSON and MD as they stand (the teacher's record kept in them after every run)."""
+      doc = write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing, plot=plot)
+      return add_teacher(study, results_dir, study_dir, doc, recorded_teacher) if study.teacher else doc
+
     # Keys the warm start sets (paths on the machine that built it), and a teacher's folder, do
     # not tell runs apart.
     ignored = (["rollout.teacher_path"] if name in REAL_STUDIES
                else [o.partition("=")[0] for o in hf_overrides(runs_dir)])
     for seed in range(seeds):
       for arm in chosen:
-        workdir = runs_dir / ("smoke" if smoke else "") / name / arm / f"seed{seed}"
+        workdir = study_dir / arm / f"seed{seed}"
         earlier = recorded.get((arm, seed))
         if (earlier is not None and not (workdir / "result.json").exists()
             and same_config(earlier.get("config"), run_config(name, arm, seed, study.extra), ignore=ignored)):
           log(f"[{name}] {arm} seed {seed}: recorded in {results_dir.name}/repro_{name}.json")
           results.append(earlier)
-          write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing, plot=False)
+          save()
           continue
         if not (workdir / "result.json").exists() and (report_only or _past(stop_at)):
           missing.append(f"{arm}/seed{seed}")
@@ -773,8 +780,7 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
             overrides = (hf_overrides(warm_start) if warm_start is not None and name not in REAL_STUDIES
                          else warm_start_overrides(study, smoke, env, in_process=in_process))
             if study.teacher:
-              ensure_teacher(study, runs_dir / ("smoke" if smoke else "") / name, overrides,
-                                              smoke=smoke, env=env, in_process=in_process, log=log)
+              ensure_teacher(study, study_dir, overrides, smoke=smoke, env=env, in_process=in_process, log=log)
           t0 = time.time()
           result = run_one(study, arm, seed, workdir, overrides, smoke=smoke, env=env, in_process=in_process)
           if not smoke and "config" not in result and (workdir / "config.json").exists():
@@ -788,12 +794,8 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
         except RuntimeError as e:
           log(str(e))
           missing.append(f"{arm}/seed{seed} (failed)")
-        write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing, plot=False)
-    docs[name] = write_outputs(study, results, results_dir, planned_seeds=seeds, smoke=smoke, missing=missing,
-                               plot=plot)
-    if study.teacher:
-      docs[name] = add_teacher(study, results_dir, runs_dir / ("smoke" if smoke else "") / name, docs[name],
-                               recorded_teacher)
+        save()
+    docs[name] = save(plot)
   return docs
 
 

@@ -31,7 +31,10 @@ class RolloutBatch:
     prompt_ids: int32 [B, P], left-padded.
     prompt_mask: bool [B, P].
     completion_ids: int32 [B, N, T], pad after EOS.
-    completion_mask: bool [B, N, T], True up to and including EOS.
+    completion_mask: bool [B, N, T], the loss positions: True at the policy's tokens, up to and
+      including EOS. Multi-turn rows (`rollout.multiturn`) hold observation tokens between their
+      turns with the mask False (context for the update, no loss): the mask may have holes, so
+      a row's last loss position is not its count of them.
     behaviour_logprobs: float32 [B, N, T], log-prob of each token under the sampling
       distribution of the policy that produced it (temperature / top-k / top-p applied; an
       FP4 explorer's when it sampled). 0 where the mask is False.
@@ -84,7 +87,7 @@ class RolloutBatch:
 
   @property
   def lengths(self):
-    """int32 [B, N]: completion lengths."""
+    """int32 [B, N]: completion lengths (loss tokens: the policy's, without observations)."""
     return self.completion_mask.sum(-1).astype(jnp.int32)
 
   def take(self, group_idx) -> "RolloutBatch":
@@ -118,6 +121,35 @@ class RolloutBatch:
       return xp.take_along_axis(x, i, axis=1)
 
     return self.replace(**{f: take(getattr(self, f)) for f in _SAMPLE_FIELDS})
+
+  def extend_groups(self, more: "RolloutBatch", start_B, count_B) -> "RolloutBatch":
+    """Each group grown by samples of `more` (the same prompts): its first `count[b]` samples go to slots `start[b]...`.
+
+    A selector's second phase (`PromptSelector.refine`) decodes more samples of prompts it
+    already sampled; they join the first phase's groups. Fields that only one side carries
+    come back None. Host arrays.
+
+    >>> a, m = RolloutBatch.empty(2, 3, 1, 2), RolloutBatch.empty(2, 3, 1, 2)
+    >>> m = m.replace(rewards=np.arange(6, dtype=np.float32).reshape(2, 3))
+    >>> a.extend_groups(m, np.array([1, 0]), np.array([2, 1])).rewards.tolist()
+    [[0.0, 0.0, 1.0], [3.0, 0.0, 0.0]]
+    """
+    start, count = np.asarray(start_B, np.int64), np.asarray(count_B, np.int64)
+    B, N = self.sample_mask.shape
+    if np.any(start + count > N) or np.any(count < 0):
+      raise ValueError(f"extend_groups: start {start.tolist()} + count {count.tolist()} exceeds the group size {N}.")
+    rows = np.repeat(np.arange(B), count)
+    src = np.concatenate([np.arange(c) for c in count]) if B else np.zeros((0,), np.int64)
+    dst = np.repeat(start, count) + src
+
+    def put(a, b):
+      if a is None or b is None:
+        return None
+      out = np.array(a)
+      out[rows, dst] = np.asarray(b)[rows, src]
+      return out
+
+    return self.replace(**{f: put(getattr(self, f), getattr(more, f)) for f in _SAMPLE_FIELDS})
 
   def trim(self, width: int) -> "RolloutBatch":
     """Completions cut to `width` tokens (positions past every row's end carry no loss)."""

@@ -55,10 +55,16 @@ class PromptSelector(NamedTuple):
     init: `() -> state`.
     select: `(state, key, batch_size) -> (Plan, state)`; `batch_size` is static.
     update: `(state, plan, rewards_BxN, mask_BxN, **extra) -> state`.
+    refine: None, or `(state, plan, rewards_BxN, mask_BxN) -> (plan, state)`: a second phase
+      in the same step. It reads the scored samples of the first (`plan`'s budgets) and
+      returns the same prompts with budgets at least as large; the loop decodes the difference
+      and the new samples join their prompts' groups (XRPO's phased allocation, Pilot-Commit's
+      commit after its pilot). `update` then sees the refined plan.
   """
   init: Callable[[], Any]
   select: Callable[..., tuple[Plan, Any]]
   update: Callable[..., Any]
+  refine: Callable[..., tuple[Plan, Any]] | None = None
 
 
 def full_budget(indices: jax.Array, num_samples: int) -> Plan:

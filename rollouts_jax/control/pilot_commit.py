@@ -7,8 +7,14 @@ rollouts are committed to kept prompts, preferring high reward variance; prompts
 fully solved (mu >= 1) are evicted from later sampling. The paper's recipe `p32c96`: 32 pilot
 rollouts per candidate, 96 more for each committed prompt, three candidates per trained prompt.
 
-How the phases map onto the selector contract (one generation of `num_samples` per selected
-prompt per step, a smaller budget masked):
+How the phases map onto the selector contract. In the default, `same_step=True`, as the paper
+runs it: every row of a step is a pilot (budget `pilot_samples`, candidates least recently
+observed first); the loop decodes the pilots, scores them and calls `refine`, which commits
+the `round((1 - pilot_fraction) * B)` pilots in the keep band with the highest mu (1 - mu) to
+the full N; the loop decodes only the committed rollouts and merges them into their pilot's
+group, so a committed group is pilot + commit samples in one step (the paper's 32 + 96).
+Uncommitted pilots keep their few samples (trained on like any group; a group whose rewards
+agree carries no gradient anyway). With `same_step=False` the commit is a later step's:
 
 * A step's B rows hold two kinds. Pilot rows (budget `pilot_samples`, by default N / 4 as in
   p32c96) go to candidates, least recently observed first (never observed first, random
@@ -18,10 +24,8 @@ prompt per step, a smaller budget masked):
   first. `round((1 - pilot_fraction) * B)` rows are reserved for commits; when fewer prompts
   qualify, the rest become pilots. Rollouts spent per step vary; they are the sum of budgets.
 * Pilot samples are kept: they are trained on in their own step like any group (the loop
-  masks only samples past the budget), and their statistics (successes, count, step) stay in
-  the state and decide the commit. The commit group is a fresh group of N in a later step;
-  the contract has one generation per step, so pilot and commit samples are not merged into
-  one group as in the paper.
+  decodes only the budget), and their statistics (successes, count, step) stay in the state
+  and decide the commit. The commit group is a fresh group of N in a later step.
 * Too-hard prompts (the paper defers them to a replay buffer) return to the candidate sweep.
   Eviction: a prompt is dropped from sampling after `exclude_after` consecutive solved
   samples over its observations (the paper evicts on mu >= 1 of a 32-sample pilot; on a
@@ -54,7 +58,7 @@ class PilotCommitState:
 def pilot_commit(num_prompts: int, *, num_samples: int, seed: int = 0, pilot_samples: int = 0,
                  pilot_fraction: float = 0.75, p_lower: float = 0.125, p_upper: float = 0.25,
                  max_pilot_age: int = 4, exclude_after: int = 16,
-                 success_threshold: float = 0.5) -> base.PromptSelector:
+                 success_threshold: float = 0.5, same_step: bool = True) -> base.PromptSelector:
   """Pilot-Commit as a selector.
 
   Args:
@@ -68,12 +72,25 @@ def pilot_commit(num_prompts: int, *, num_samples: int, seed: int = 0, pilot_sam
     max_pilot_age: steps a pilot stays eligible for a commit.
     exclude_after: consecutive solved samples that evict a prompt (0: never).
     success_threshold: a reward above it is a success.
+    same_step: commit in the step of the pilot (`refine`; the paper's merged group), else in a
+      later step.
 
   Returns:
     A `PromptSelector`.
 
   >>> import jax, jax.numpy as jnp
   >>> sel = pilot_commit(8, num_samples=8)
+  >>> plan, state = sel.select(sel.init(), jax.random.key(0), 4)
+  >>> plan.budget.tolist()                            # pilots of N / 4
+  [2, 2, 2, 2]
+  >>> r = jnp.array([[1., 1.], [1., 0.], [0., 0.], [0., 1.]])
+  >>> plan, state = sel.refine(state, plan, jnp.pad(r, ((0, 0), (0, 6))), plan.sample_mask(8))
+  >>> plan.budget.tolist()                            # one mixed pilot committed to N in the same step
+  [2, 8, 2, 2]
+
+  With `same_step=False`, the commit waits for a later step:
+
+  >>> sel = pilot_commit(8, num_samples=8, same_step=False)
   >>> plan, state = sel.select(sel.init(), jax.random.key(0), 4)
   >>> plan.budget.tolist()          # nothing piloted yet: all rows are pilots of N / 4
   [2, 2, 2, 2]
@@ -100,7 +117,7 @@ def pilot_commit(num_prompts: int, *, num_samples: int, seed: int = 0, pilot_sam
   def select(state, key, batch_size: int):
     base.check_batch_size(batch_size, num_prompts)
     k_commit, k_pilot = jax.random.split(key)
-    commit_slots = batch_size - int(round(pilot_fraction * batch_size))
+    commit_slots = 0 if same_step else batch_size - int(round(pilot_fraction * batch_size))
     mu = state.obs_succ / jnp.maximum(state.obs_n, 1.0)
     age = jnp.where(state.obs_step >= 0, state.step - state.obs_step, _NEVER)
     keep_band = (mu >= p_lower) & (mu <= 1.0 - p_upper)
@@ -138,4 +155,17 @@ def pilot_commit(num_prompts: int, *, num_samples: int, seed: int = 0, pilot_sam
         evicted=state.evicted.at[idx].set(evict_B),
         step=state.step + 1)
 
-  return base.PromptSelector(init, select, update)
+  def refine(state, plan, rewards_BxN, mask_BxN=None):
+    """The commit: pilots in the keep band, highest mu (1 - mu) first, get N in this step."""
+    succ_B, n_B = group_counts(plan, rewards_BxN, mask_BxN, success_threshold)
+    B = plan.indices.shape[0]
+    mu = succ_B / jnp.maximum(n_B, 1.0)
+    cand = (n_B > 0) & (mu >= p_lower) & (mu <= 1.0 - p_upper) & ~state.evicted[plan.indices]
+    score = jnp.where(cand, mu * (1.0 - mu), -1.0)
+    slots = B - int(round(pilot_fraction * B))
+    # The `slots` best candidates (first row on ties).
+    rank = jnp.argsort(jnp.argsort(-score, stable=True), stable=True)
+    commit = cand & (rank < slots)
+    return base.Plan(indices=plan.indices, budget=jnp.where(commit, num_samples, plan.budget).astype(jnp.int32)), state
+
+  return base.PromptSelector(init, select, update, refine if same_step else None)

@@ -15,10 +15,14 @@ Mapping onto the selector contract:
   every prompt gets at least `min_samples` (2: a t half-width needs n >= 2), at most N (the
   static group size), and the budgets sum to `round(budget_fraction * B * N)`. Shapes stay
   [B, N]; samples past a prompt's budget are masked.
-* s_q comes from the prompt's history instead of a first phase of the same step: a decayed
-  Bernoulli estimate `p = (succ + prior_count / 2) / (n + prior_count)`, `s = sqrt(p (1 - p))`
-  (an unseen prompt has s = 1/2, the largest). The exploration bonus is optimism on s:
-  `s + explore * sqrt(log(t + 2) / (1 + visits))`, UCB-style.
+* Phases (`phases=2`, the default, as the paper allocates): the step first decodes
+  `min_samples` rollouts of every prompt; `refine` reads their rewards and allocates the rest
+  of the step's budget, and only those rollouts are decoded next (the loop merges them into
+  the prompts' groups). s_q is a Bernoulli estimate over the prompt's decayed history and this
+  step's first phase, `p = (succ + prior_count / 2) / (n + prior_count)`, `s = sqrt(p (1 - p))`
+  (an unseen prompt has s = 1/2, the largest; two agreeing samples do not make s = 0). With
+  `phases=1` the whole allocation is made up front from the history alone. The exploration
+  bonus is optimism on s: `s + explore * sqrt(log(t + 2) / (1 + visits))`, UCB-style.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ def allocate(s_B: jax.Array, total: int, min_samples: int, num_samples: int, tq:
 def xrpo_allocation(num_prompts: int, *, num_samples: int, seed: int = 0, budget_fraction: float = 0.5,
                     min_samples: int = 2, confidence: float = 0.95, explore: float = 0.1,
                     prior_count: float = 1.0, history_decay: float = 0.8,
-                    success_threshold: float = 0.5) -> base.PromptSelector:
+                    success_threshold: float = 0.5, phases: int = 2) -> base.PromptSelector:
   """XRPO's allocator over an epoch stream of prompts.
 
   Args:
@@ -94,18 +98,32 @@ def xrpo_allocation(num_prompts: int, *, num_samples: int, seed: int = 0, budget
     prior_count: pseudo-samples at p = 1/2 in the estimate of s.
     history_decay: per-observation decay of a prompt's counts.
     success_threshold: a reward above it is a success.
+    phases: 2: `min_samples` each, then the rest by `refine` from their rewards (the paper's
+      phases within a step); 1: the whole allocation in `select`, from the history.
 
   Returns:
     A `PromptSelector`; `plan.budget` holds the group sizes.
 
-  >>> import jax
-  >>> sel = xrpo_allocation(16, num_samples=8)
+  >>> import jax, jax.numpy as jnp
+  >>> sel = xrpo_allocation(16, num_samples=8, prior_count=0.1, explore=0.0)
   >>> plan, state = sel.select(sel.init(), jax.random.key(0), 4)
-  >>> int(plan.budget.sum()), int(plan.budget.min()) >= 2    # half of 4 x 8
-  (16, True)
+  >>> plan.budget.tolist()                                   # phase 1: min_samples each
+  [2, 2, 2, 2]
+  >>> r = jnp.array([[1., 0.], [0., 0.], [1., 1.], [0., 1.]])
+  >>> plan, state = sel.refine(state, plan, jnp.pad(r, ((0, 0), (0, 6))), plan.sample_mask(8))
+  >>> int(plan.budget.sum()), plan.budget.tolist()          # half of 4 x 8, mixed groups first
+  (16, [5, 3, 3, 5])
+
+  (With the default prior of one pseudo-sample the t quantile's fall from n = 2 to 4 outweighs
+  a 2-sample spread, and these four prompts would get 4 each.)
+  >>> plan, _ = xrpo_allocation(16, num_samples=8, phases=1).select(state, jax.random.key(0), 4)
+  >>> int(plan.budget.sum())                                 # one phase: all up front
+  16
   """
   if not 1 <= min_samples <= num_samples:
     raise ValueError(f"xrpo_allocation: min_samples must be in [1, num_samples]; got {min_samples}.")
+  if phases not in (1, 2):
+    raise ValueError(f"xrpo_allocation: phases must be 1 or 2; got {phases}.")
   if not 0.0 < budget_fraction <= 1.0:
     raise ValueError(f"xrpo_allocation: budget_fraction must be in (0, 1]; got {budget_fraction}.")
   tq = jnp.asarray(t_quantiles(num_samples, confidence), jnp.float32)
@@ -114,17 +132,34 @@ def xrpo_allocation(num_prompts: int, *, num_samples: int, seed: int = 0, budget
     z = jnp.zeros((num_prompts,), jnp.float32)
     return XrpoState(position=jnp.zeros((), jnp.int32), succ=z, n=z, visits=z, step=jnp.zeros((), jnp.int32))
 
+  def spread(state, idx, succ_now=0.0, n_now=0.0):
+    p = (state.succ[idx] + succ_now + 0.5 * prior_count) / (state.n[idx] + n_now + prior_count)
+    s = jnp.sqrt(p * (1.0 - p))
+    return s + explore * jnp.sqrt(jnp.log(state.step.astype(jnp.float32) + 2.0) / (1.0 + state.visits[idx]))
+
+  def total_rollouts(batch_size: int) -> int:
+    total = int(round(budget_fraction * batch_size * num_samples))
+    return min(max(total, batch_size * min_samples), batch_size * num_samples)
+
   def select(state, key, batch_size: int):
     del key
     base.check_batch_size(batch_size, num_prompts)
     idx = stream_indices(seed, state.position, batch_size, num_prompts)
-    p = (state.succ[idx] + 0.5 * prior_count) / (state.n[idx] + prior_count)
-    s = jnp.sqrt(p * (1.0 - p))
-    s = s + explore * jnp.sqrt(jnp.log(state.step.astype(jnp.float32) + 2.0) / (1.0 + state.visits[idx]))
-    total = int(round(budget_fraction * batch_size * num_samples))
-    total = min(max(total, batch_size * min_samples), batch_size * num_samples)
-    budget = allocate(s, total, min_samples, num_samples, tq)
+    if phases == 2:
+      budget = jnp.full((batch_size,), min_samples, jnp.int32)
+    else:
+      budget = allocate(spread(state, idx), total_rollouts(batch_size), min_samples, num_samples, tq)
     return base.Plan(indices=idx, budget=budget), state.replace(position=state.position + batch_size)
+
+  def refine(state, plan, rewards_BxN, mask_BxN=None):
+    """Phase 2: the rest of the step's rollouts, by this step's first-phase rewards."""
+    if phases == 1:
+      return plan, state
+    live = plan.sample_mask(rewards_BxN.shape[1]) if mask_BxN is None else jnp.asarray(mask_BxN, bool)
+    succ = jnp.sum((jnp.asarray(rewards_BxN) > success_threshold) & live, axis=1).astype(jnp.float32)
+    s = spread(state, plan.indices, succ, jnp.sum(live, axis=1).astype(jnp.float32))
+    budget = allocate(s, total_rollouts(plan.indices.shape[0]), min_samples, num_samples, tq)
+    return base.Plan(indices=plan.indices, budget=jnp.maximum(budget, plan.budget)), state
 
   def update(state, plan, rewards_BxN, mask_BxN=None, **extra):
     del extra
@@ -133,4 +168,4 @@ def xrpo_allocation(num_prompts: int, *, num_samples: int, seed: int = 0, budget
     return state.replace(succ=keep * state.succ + succ, n=keep * state.n + n,
                          visits=state.visits + (n > 0), step=state.step + 1)
 
-  return base.PromptSelector(init, select, update)
+  return base.PromptSelector(init, select, update, refine if phases == 2 else None)

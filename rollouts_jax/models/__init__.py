@@ -4,6 +4,8 @@ from rollouts_jax.models.config import (COMPUTE_DTYPES, SUPPORTED_MODEL_TYPES, M
                                         config_to_hf)
 from rollouts_jax.models.gguf import GGUFError, check_gguf, load_gguf, smollm2_path
 from rollouts_jax.models.hf import load_hf_checkpoint, save_hf_checkpoint
+from rollouts_jax.models import lora
+from rollouts_jax.models.lora import merged as merge_lora
 from rollouts_jax.models.quantize import quantize_params
 from rollouts_jax.models.scoring import pick_and_entropy, token_logprobs, vocab_logprobs
 from rollouts_jax.models.transformer import (KVCache, Params, compute_params, dense, forward, forward_with_cache,
@@ -15,5 +17,5 @@ __all__ = [
     "load_hf_checkpoint", "save_hf_checkpoint", "GGUFError", "check_gguf", "load_gguf", "smollm2_path",
     "KVCache", "Params", "compute_params", "dense", "forward", "forward_with_cache", "init_cache",
     "init_params", "param_axes", "param_shapes", "positions_from_mask", "rms_norm", "unembed",
-    "quantize_params", "token_logprobs", "vocab_logprobs", "pick_and_entropy",
+    "lora", "merge_lora", "quantize_params", "token_logprobs", "vocab_logprobs", "pick_and_entropy",
 ]

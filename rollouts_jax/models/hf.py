@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from rollouts_jax.models.config import ModelConfig, config_from_hf, config_to_hf
+from rollouts_jax.models import lora
 from rollouts_jax.models.transformer import Params, param_shapes
 
 _LAYER = "model.layers.{i}."
@@ -145,11 +146,13 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, params: Params
   Args:
     path: output folder (created).
     cfg: model configuration.
-    params: params pytree (plain arrays; quantized params cannot be saved this way).
+    params: params pytree (plain arrays, or a LoRA policy, whose adapters are merged first;
+      quantized params cannot be saved this way).
     max_shard_bytes: split into several shards plus an index file past this size.
 
   save_hf_checkpoint("/tmp/ckpt", cfg, params)
   """
+  params = lora.merged(params)   # a LoRA policy is written as base + adapters
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
   shapes = param_shapes(cfg)

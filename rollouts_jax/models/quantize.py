@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from rollouts_jax.kernels import fp4
 from rollouts_jax.models.config import ModelConfig
+from rollouts_jax.models import lora
 from rollouts_jax.models.transformer import Params, param_shapes
 
 LINEAR_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -136,6 +137,7 @@ def quantize_params(cfg: ModelConfig, params: Params, fmt: str = "nvfp4",
   Paper: Sol-RL (arXiv 2604.06916): NVFP4 rollouts, full-precision training.
   """
   skip = tuple(skip)
+  params = lora.merged(params)   # a LoRA policy quantizes as base + adapters
   implementation = default_implementation() if implementation is None else implementation
   _check_args(cfg, params, fmt, skip, implementation)
   if fmt == "nvfp4" and scale_rounding != "floor":

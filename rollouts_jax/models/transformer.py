@@ -132,7 +132,9 @@ def compute_params(cfg: ModelConfig, params: Params) -> Params:
 
 
 def dense(x: jax.Array, w: Any) -> jax.Array:
-  """`x[..., K] @ w[K, N]` for a plain weight or an FP4-quantized one."""
+  """`x[..., K] @ w[K, N]` for a plain weight, an FP4-quantized one or one with LoRA adapters."""
+  if getattr(w, "is_lora", False):   # models.lora.LoraWeight: x W + scale (x A) B, adapters unmerged
+    return dense(x, w.w) + (w.scale * dense(dense(x, w.a), w.b)).astype(x.dtype)
   if _is_quantized(w):  # a quantized tensor from rollouts_jax.kernels.fp4
     from rollouts_jax.kernels import fp4  # pylint: disable=g-import-not-at-top
     return fp4.matmul(x, w, implementation=getattr(w, "implementation", "pallas")).astype(x.dtype)

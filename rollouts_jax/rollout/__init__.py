@@ -10,14 +10,14 @@ Each generator is one module here, registered by name (`generators.register`):
 
 >>> from rollouts_jax import rollout
 >>> rollout.names()
-['sample', 'adwin', 'arrol', 'esr', 'self_spec', 'sol_rl', 'spec_rl', 'tree']
+['sample', 'adwin', 'arrol', 'esr', 'multiturn', 'self_spec', 'sol_rl', 'spec_rl', 'tree']
 """
 
 from rollouts_jax.rollout import generators
 from rollouts_jax.rollout.generators import (Generator, GeneratorContext, Mean, Prompts, build, check, check_kwargs, get,
                                              names, register, setting_error)
 # The registered generators (each module registers itself on import).
-from rollouts_jax.rollout import arrol, opd_window, sample, self_spec, sol_rl, spec_rl, tree  # noqa: F401  pylint: disable=unused-import
+from rollouts_jax.rollout import arrol, multiturn, opd_window, sample, self_spec, sol_rl, spec_rl, tree  # noqa: F401  pylint: disable=unused-import
 
 __all__ = ["Generator", "GeneratorContext", "Mean", "Prompts", "build", "check", "check_kwargs", "generators", "get",
            "names", "register", "setting_error"]

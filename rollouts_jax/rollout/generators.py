@@ -62,6 +62,11 @@ class GeneratorContext:
       sized by it).
     teacher: (ModelConfig, params) of a stronger policy, when the run has one (on-policy
       distillation's teacher; None otherwise).
+    env: the multi-turn environment's settings (`envs.EnvSettings`, from `rollout.env*`), when
+      the run has one (None otherwise).
+    tokenizer: the policy's tokenizer (None under `check`), for generators that read or write
+      text between decoding steps (multi-turn observations).
+    examples: the prompt pool's examples (`Prompts.index` indexes them; None under `check`).
   """
   cfg: models.ModelConfig
   sampling: sampling.SamplingConfig
@@ -69,6 +74,9 @@ class GeneratorContext:
   seed: int = 0
   batch_size: int = 0
   teacher: Any = None
+  env: Any = None
+  tokenizer: Any = None
+  examples: Any = None
 
 
 @flax.struct.dataclass
@@ -79,10 +87,15 @@ class Prompts:
     ids: int32 [B, P], left-padded (the `sampling.sample` contract).
     mask: bool [B, P], True at real prompt tokens.
     index: int32 [B], each prompt's index in the pool (-1: not from the pool).
+    budget: None, or int32 [B] (host values in [0, N]): the selector's rollouts per prompt.
+      A generator that honours it decodes only those samples (`sample` does, through
+      `sampling.sample(..., budget=)`); one that does not decodes N and the pipeline masks the
+      samples past the budget.
   """
   ids: jax.Array
   mask: jax.Array
   index: jax.Array
+  budget: Any = None
 
 
 class Generator(NamedTuple):
@@ -100,12 +113,15 @@ class Generator(NamedTuple):
       keeps, N of them; fields the update reads).
     fields: the optional `RolloutBatch` fields its batches carry to the update (e.g.
       "old_logprobs"), so a replay buffer stores them too.
+    scores: its batches come with their rewards set (an environment's, multi-turn rollouts), so
+      FILTER does not score their text.
   """
   init: Callable[[], Any]
   generate: Callable[..., tuple[sampling.RolloutBatch, Any, dict[str, float]]]
   update: Callable[..., Any]
   finish: Callable[..., tuple[sampling.RolloutBatch, Any, dict[str, float]]] | None = None
   fields: tuple[str, ...] = ()
+  scores: bool = False
 
 
 class Mean(float):
@@ -173,7 +189,7 @@ def check_kwargs(name: str, kwargs: dict[str, Any], key: str = KWARGS_KEY) -> No
 
 
 def check(name: str, kwargs: dict[str, Any], *, num_samples: int, max_new_tokens: int, batch_size: int,
-          has_teacher: bool = False) -> Generator:
+          has_teacher: bool = False, env: Any = None) -> Generator:
   """Builds the named generator on a context of the config's shapes only, to check its settings.
 
   The config validator calls this before any model is loaded: the factory sees no model
@@ -185,7 +201,8 @@ def check(name: str, kwargs: dict[str, Any], *, num_samples: int, max_new_tokens
   check_kwargs(name, kwargs)
   ctx = GeneratorContext(cfg=None, sampling=sampling.SamplingConfig(num_samples=num_samples,
                                                                     max_new_tokens=max_new_tokens),
-                         num_prompts=1, batch_size=batch_size, teacher=(None, None) if has_teacher else None)
+                         num_prompts=1, batch_size=batch_size, teacher=(None, None) if has_teacher else None,
+                         env=env)
   return get(name)(ctx, **kwargs)
 
 

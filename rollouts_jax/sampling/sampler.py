@@ -449,7 +449,7 @@ def auto_sample_chunk(cfg: ModelConfig, config: SamplingConfig, batch: int) -> i
 def _sample_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask, key,
                 shard_ctx: sharding.ShardingContext | None = None, row_ids=None, offset_R=None, limit_R=None,
                 stop_groups: tuple[int, int] | None = None):
-  params = models.compute_params(cfg, params)  # cast once, outside the decode loop
+  params = models.compute_params(cfg, models.lora.sampling_params(params))  # LoRA merged, cast: once
   B, P = prompt_ids.shape
   N, T = config.num_samples, config.max_new_tokens
   n = auto_sample_chunk(cfg, config, B)
@@ -554,7 +554,7 @@ def _check_prompts(cfg: ModelConfig, config: SamplingConfig, prompt_ids, prompt_
 
 
 def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array,
-           key: jax.Array, config: SamplingConfig) -> SampleOutput:
+           key: jax.Array, config: SamplingConfig, budget=None) -> SampleOutput:
   """Samples `config.num_samples` completions for each left-padded prompt.
 
   Args:
@@ -567,6 +567,11 @@ def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask:
       max_position_embeddings.
     key: PRNG key; the same key gives the same samples.
     config: a SamplingConfig.
+    budget: optional int [B] (host values in [0, N]): decode only the first `budget[b]`
+      samples of prompt b (a prompt selector's per-prompt budget). The rows decoded are
+      those samples alone, padded to a power of two (`budget_rows`), each on its own sample's
+      random stream, so they equal the same samples of an unbudgeted call; the other samples
+      come back empty (mask False, length 0). None: every prompt gets N.
   Returns:
     A SampleOutput with [B, N, T] arrays grouped by prompt.
   Raises:
@@ -593,8 +598,56 @@ def sample(cfg: ModelConfig, params: Params, prompt_ids: jax.Array, prompt_mask:
         f"exceeds the cache length {config.cache_len}.")
   _check_prompts(cfg, config, prompt_ids, prompt_mask)
   prompt_ids, prompt_mask = left_pad_to(prompt_ids, prompt_mask, P_bucket, config.pad_id)
+  B, N = int(prompt_ids.shape[0]), int(config.num_samples)
+  if budget is not None:
+    budget = np.asarray(jax.device_get(budget)).astype(np.int64).reshape(-1)
+    if budget.shape != (B,) or budget.min(initial=0) < 0 or budget.max(initial=0) > N:
+      raise ValueError(f"budget must be [B] = [{B}] values in [0, num_samples={N}]; got {budget.tolist()}.")
+    if budget.sum() < B * N:
+      return _sample_budget(cfg, params, np.asarray(prompt_ids), np.asarray(prompt_mask), key, config, budget)
   return _sample_jit(cfg, config, params, jnp.asarray(prompt_ids, jnp.int32),
                      jnp.asarray(prompt_mask, bool), key, sharding.current_context())
+
+
+def budget_rows(rows: int, total: int) -> int:
+  """Rows a budgeted call decodes for `rows` samples: a power of two, at least 8, at most `total`.
+
+  A handful of shapes compile however the budgets vary from step to step.
+
+  >>> budget_rows(3, 64), budget_rows(20, 64), budget_rows(50, 64)
+  (8, 32, 64)
+  """
+  return min(max(8, 1 << max(int(rows) - 1, 0).bit_length()), int(total))
+
+
+def _sample_budget(cfg, params, prompt_ids, prompt_mask, key, config: SamplingConfig, budget) -> SampleOutput:
+  """`sample` with per-prompt budgets: one row per budgeted sample, scattered back to [B, N, T]."""
+  B, N, T = prompt_ids.shape[0], config.num_samples, config.max_new_tokens
+  prompt_of = np.repeat(np.arange(B), budget)
+  slot_of = np.concatenate([np.arange(b) for b in budget]) if B else np.zeros((0,), np.int64)
+  R = int(prompt_of.size)
+  if R == 0:
+    z = np.zeros((B, N, T), np.float32)
+    return SampleOutput(completion_ids=np.full((B, N, T), config.pad_id, np.int32), completion_mask=z.astype(bool),
+                        logprobs=z, policy_logprobs=z, entropy=z, lengths=np.zeros((B, N), np.int32))
+  rows = budget_rows(R, B * N)
+  pad = rows - R   # filler rows repeat the last sample; they are decoded and dropped
+  prompt_of = np.concatenate([prompt_of, np.full((pad,), prompt_of[-1])])
+  slot_of = np.concatenate([slot_of, np.full((pad,), slot_of[-1])])
+  out = _sample_jit(cfg, dataclasses.replace(config, num_samples=1, sample_chunk=0), params,
+                    jnp.asarray(prompt_ids[prompt_of], jnp.int32), jnp.asarray(prompt_mask[prompt_of], bool), key,
+                    sharding.current_context(), row_ids=jnp.asarray(prompt_of * N + slot_of, jnp.int32))
+  out = jax.device_get(out)
+
+  def scatter(x, fill):
+    full = np.full((B, N) + x.shape[2:], fill, x.dtype)
+    full[prompt_of[:R], slot_of[:R]] = x[:R, 0]
+    return full
+
+  return SampleOutput(completion_ids=scatter(out.completion_ids, config.pad_id),
+                      completion_mask=scatter(out.completion_mask, False), logprobs=scatter(out.logprobs, 0.0),
+                      policy_logprobs=scatter(out.policy_logprobs, 0.0), entropy=scatter(out.entropy, 0.0),
+                      lengths=scatter(out.lengths, 0))
 
 
 def finished_rows(completion_ids, completion_mask, config: SamplingConfig):
@@ -665,7 +718,7 @@ def _prefix_forward(cfg: ModelConfig, params: Params, prompt_k, prompt_v, prompt
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _prompt_prefill_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask):
   """Each prompt prefilled once: keys / values per layer [B, K, P, Dh], logits [B, V], lengths [B]."""
-  params = models.compute_params(cfg, params)  # the compute dtype, once per call
+  params = models.compute_params(cfg, models.lora.sampling_params(params))  # LoRA merged, cast: once
   B, P = prompt_ids.shape
   cache_dtype = jnp.dtype(config.cache_dtype) if config.cache_dtype else params["embed"].dtype
   cache = models.init_cache(cfg, B, P, cache_dtype)
@@ -684,7 +737,7 @@ def _resume_rows_jit(cfg: ModelConfig, params: Params, prompt_k, prompt_v, promp
   prompt's keys; the result fills generated slots [0, L) of [R, K, Dh, slots] buffers. Every
   other row keeps empty buffers and its prompt's next-token logits.
   """
-  params = models.compute_params(cfg, params)  # the compute dtype, once per call
+  params = models.compute_params(cfg, models.lora.sampling_params(params))  # LoRA merged, cast: once
   B = prompt_mask.shape[0]
   R, L = prefix_ids_RxL.shape
   N = R // B
@@ -776,7 +829,7 @@ def _resume_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt
                 kt, v, first_RxV, prefix_ids, prefix_mask, prefix_lp, prefix_plp, prefix_ent, done_BxN, key,
                 shard_ctx: sharding.ShardingContext | None = None, stop_groups: tuple[int, int] | None = None):
   """Decodes resumed rows [B, N] against their prompts' shared keys; returns the SampleOutput."""
-  params = models.compute_params(cfg, params)  # cast once, outside the decode loop
+  params = models.compute_params(cfg, models.lora.sampling_params(params))  # LoRA merged, cast: once
   B, N, L = prefix_ids.shape
   R, T = B * N, config.max_new_tokens
   views = _resume_views(T, L, config.length_segments)

@@ -7,7 +7,11 @@
 """
 
 from rollouts_jax.tasks.base import (Arithmetic, Countdown, Gsm8k, MathBoxed, Task, cache_root,
-                                     canonical_expression, get, majority_answer, names, task_reward)
+                                     canonical_expression, get, majority_answer, names, register, task_reward)
+from rollouts_jax.tasks import multiturn as _multiturn
+
+for _task in _multiturn.TASKS:   # the multi-turn environments' tasks (multiply_tool, guess)
+  register(_task)
 
 __all__ = ["Arithmetic", "Countdown", "Gsm8k", "MathBoxed", "Task", "cache_root", "canonical_expression", "get",
-           "majority_answer", "names", "task_reward"]
+           "majority_answer", "names", "register", "task_reward"]

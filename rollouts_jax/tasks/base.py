@@ -358,6 +358,14 @@ _TASKS: dict[str, Task] = {t.name: t for t in (
     MathBoxed(name="amc23"))}
 
 
+def register(task: Task, *, overwrite: bool = False) -> Task:
+  """Adds a task under `task.name` (the multi-turn tasks of `tasks.multiturn` register this way)."""
+  if task.name in _TASKS and not overwrite:
+    raise ValueError(f"A task {task.name!r} is already registered; pass overwrite=True.")
+  _TASKS[task.name] = task
+  return task
+
+
 def get(name: str, key: str = "data.task") -> Task:
   """The task registered under `name`; an unknown name is an error naming the config `key`.
 

@@ -16,7 +16,7 @@ import jax
 
 from rollouts_jax import control, models, replay, rewards, sampling, tasks
 from rollouts_jax.training import pipeline as pipeline_lib
-from rollouts_jax.training.config import ExperimentConfig, deeplook_settings, parse_kwargs
+from rollouts_jax.training.config import ExperimentConfig, deeplook_settings, env_settings, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
 from rollouts_jax.training.pipeline import RolloutPipeline
 from rollouts_jax.training.policy import load_policy as _load_policy, prompt_instruction, warm_start as _warm_start
@@ -111,7 +111,7 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
       needs_seq_logprobs=exp.rl.advantage == "xrpo", ref_samples=rw.ref_samples, ref_refresh=rw.ref_refresh,
       presample=c.name == "pvpo", overlong_buffer=rw.overlong_buffer, max_failure_frac=rw.max_failure_frac,
       teacher_cfg=teacher_cfg, teacher_params=teacher_params, external_samples=ro.external_samples,
-      distill=ro.distill, seed=exp.seed)
+      distill=ro.distill, env=env_settings(ro), seed=exp.seed)
   factory = replay.get(rp.name)
   if factory is not None:
     pipe.buffer = factory(rp.capacity, pipe.buffer_example(), max_staleness=rp.max_staleness)

@@ -12,6 +12,7 @@ sees these frozen dataclasses, and each stage is built from its own section:
 | `replay`    | REPLAY: the rollout buffer                                             |
 | `rl`        | the update (`training.rl_step`): advantage recipe, loss, optimizer     |
 | `async_rl`  | rollouts overlapped with updates (`training.async_rollouts`)           |
+| `lora`      | LoRA adapters: what the update trains (`models.lora`), 0 = full        |
 
 `from_config_dict` converts a ConfigDict, rejects keys that no code reads (naming them) and
 validates every name and size before anything is built or compiled.
@@ -147,6 +148,21 @@ class RolloutConfig:
   distill: str = ""             # "", "opd" or "opd_full"
   generator: str = "sample"     # a registered generator: "sample", "sol_rl", "arrol", "spec_rl", "tree" ...
   generator_kwargs: str = ""    # its settings, "key=value,key=value"
+  # Multi-turn / tool-using rollouts (rollout.generator="multiturn"): the environment by name
+  # (`rollouts_jax.envs.names()`: "calculator", "guess") and its settings ("key=value,..."); at
+  # most max_turns policy turns of at most turn_tokens tokens each (0: no per-turn limit), all
+  # turns and observations within max_new_tokens; a turn also ends at EOS, at the environment's
+  # stop strings and at stop_strings ("|"-separated); env_render "plain" (the small models) or
+  # "chatml" (the tokenizer's chat template); turn_credit "trajectory" (rl.advantage over the
+  # trajectory's reward) or "turn" (discounted per-turn rewards by turn_gamma, turn-level GRPO).
+  env: str = ""
+  env_kwargs: str = ""
+  max_turns: int = 4
+  turn_tokens: int = 0
+  stop_strings: str = ""
+  env_render: str = "plain"
+  turn_credit: str = "trajectory"
+  turn_gamma: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +323,20 @@ class AsyncConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """LoRA: the update trains low-rank adapters on chosen projections, the base stays frozen.
+
+  Config section `lora` (`models.lora`). With `rank` > 0 the optimizer state holds the adapters
+  alone, the sampler and the evaluator use base + adapters (merged once per sampling call), the
+  KL reference is the base, and checkpoints hold the adapters (the base reloads from the model
+  source). 0: full fine-tuning.
+  """
+  rank: int = 0                 # r; 0 = off (every parameter is trained)
+  alpha: float = 16.0           # the adapters' scale is alpha / rank
+  targets: str = "q,k,v,o,gate,up,down"   # comma-separated projections (models.lora.PROJECTIONS)
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   seed: int = 0
   data: DataConfig = DataConfig()
@@ -322,6 +352,7 @@ class ExperimentConfig:
   checkpoint: CheckpointConfig = CheckpointConfig()
   mesh: MeshConfig = MeshConfig()
   async_rl: AsyncConfig = AsyncConfig()
+  lora: LoraConfig = LoraConfig()
   max_nonfinite_steps: int = 3  # stop after this many consecutive skipped (NaN/inf) updates
   # Stop after this RL step (simulates a crash in tests; -1 = off). Not a hyperparameter.
   stop_after_step: int = -1
@@ -507,6 +538,34 @@ def _one_of(value, options, key):
     raise ValueError(f"Config key {key} must be one of {', '.join(map(repr, options))}; got {value!r}.")
 
 
+def env_settings(ro: RolloutConfig):
+  """The multi-turn environment's settings of the `rollout` section (None without `rollout.env`)."""
+  if not ro.env:
+    return None
+  from rollouts_jax import envs  # pylint: disable=g-import-not-at-top
+  return envs.EnvSettings(name=ro.env, kwargs=parse_kwargs(ro.env_kwargs, "rollout.env_kwargs"),
+                          max_turns=ro.max_turns, turn_tokens=ro.turn_tokens,
+                          stop_strings=tuple(t for t in ro.stop_strings.split("|") if t), render=ro.env_render,
+                          credit=ro.turn_credit, gamma=ro.turn_gamma)
+
+
+def _check_env(cfg: "ExperimentConfig") -> None:
+  """The `rollout.env*` keys: the environment and the multiturn generator come together; settings checked."""
+  ro = cfg.rollout
+  if bool(ro.env) != (ro.generator == "multiturn"):
+    raise ValueError(f"Config keys rollout.env={ro.env!r} and rollout.generator={ro.generator!r}: an environment "
+                     f"needs rollout.generator='multiturn', and that generator needs rollout.env.")
+  if not ro.env:
+    return
+  env_settings(ro).check(ro.max_new_tokens)
+  if cfg.reward.name != "task" or cfg.reward.overlong_buffer:
+    raise ValueError(f"Config key reward.name={cfg.reward.name!r} (overlong_buffer={cfg.reward.overlong_buffer}): "
+                     f"with rollout.env the environment's rewards are the rewards; leave reward.name='task' and "
+                     f"reward.overlong_buffer=0.")
+  if ro.turn_credit == "turn" and cfg.rl.echo_shaping:
+    raise ValueError("rollout.turn_credit='turn' does not combine with rl.echo_shaping; turn one of them off.")
+
+
 def validate(cfg: ExperimentConfig) -> None:
   """Checks that can be made before anything is built or compiled (every name, size and sign)."""
   from rollouts_jax import advantages, control, losses, replay, rewards, rollout, tasks  # pylint: disable=g-import-not-at-top
@@ -540,6 +599,7 @@ def validate(cfg: ExperimentConfig) -> None:
     _positive(getattr(m, key), f"model.{key}")
   if m.num_heads % m.num_kv_heads:
     raise ValueError(f"model.num_heads {m.num_heads} must be a multiple of model.num_kv_heads {m.num_kv_heads}.")
+  _validate_lora(cfg)
   _one_of(cfg.tokenizer.kind, ("char", "sentencepiece", "hf", "gguf"), "tokenizer.kind")
   if cfg.tokenizer.kind == "gguf" and not cfg.tokenizer.path and m.init != "gguf":
     raise ValueError("tokenizer.kind='gguf' needs tokenizer.path (a .gguf file) unless model.init='gguf'.")
@@ -578,9 +638,10 @@ def validate(cfg: ExperimentConfig) -> None:
   _one_of(ro.distill, DISTILL_MODES, "rollout.distill")
   # The generator is built here on a context with the config's shapes (no model, no weights),
   # so its own checks of its settings run before anything is loaded or compiled.
+  _check_env(cfg)
   gen = rollout.check(ro.generator, parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"),
                       num_samples=ro.num_samples, max_new_tokens=ro.max_new_tokens,
-                      batch_size=cfg.control.prompts_per_step, has_teacher=bool(ro.distill))
+                      batch_size=cfg.control.prompts_per_step, has_teacher=bool(ro.distill), env=env_settings(ro))
   # The rules between sections that remain (each names both keys):
   #  - a generator other than "sample" does not combine with APRIL's partial rollouts or
   #    Co-Reward's second view (both decode on their own path), nor with ERILS;
@@ -685,6 +746,19 @@ def validate(cfg: ExperimentConfig) -> None:
                      "reward.ref_samples > 0 (the reference rollouts per prompt, pre-sampled before training).")
   control.check_kwargs(c.name, parse_kwargs(c.kwargs, "control.kwargs"), key="control.kwargs")
   _positive(c.prompts_per_step, "control.prompts_per_step")
+  try:   # the selector's own checks of its settings, on a pool of one step's prompts
+    selector = control.build(c.name, num_prompts=c.prompts_per_step, num_samples=cfg.rollout.num_samples,
+                             **parse_kwargs(c.kwargs, "control.kwargs"))
+  except ValueError as e:
+    raise ValueError(f"Config key control.kwargs ({c.name}): {e}") from e
+  if selector.refine is not None:
+    # A second phase decodes only the rollouts it adds: the plain generator's budgets.
+    if cfg.rollout.generator != "sample" or cfg.rollout.partial_rollouts:
+      raise ValueError(f"control.name={c.name!r} decodes its budgets in two phases within a step, which needs "
+                       f"rollout.generator='sample' and no rollout.partial_rollouts (got "
+                       f"rollout.generator={cfg.rollout.generator!r}, partial_rollouts="
+                       f"{cfg.rollout.partial_rollouts}); its one-phase form is in control.kwargs "
+                       f"({'phases=1' if c.name == 'xrpo' else 'same_step=False'}).")
   if c.max_refills < -1:
     raise ValueError(f"Config key control.max_refills must be -1 (until the batch is full) or >= 0, "
                      f"got {c.max_refills}.")
@@ -772,6 +846,34 @@ def validate(cfg: ExperimentConfig) -> None:
   for rule in (r.strip() for r in cfg.eval.selection.split(",") if r.strip()):
     _one_of(rule, ("bon", "bom", "soft_sc"), "eval.selection")
   deeplook_settings(cfg.eval)   # named errors for bad settings, before anything compiles
+
+
+def _validate_lora(cfg: ExperimentConfig) -> None:
+  """The `lora` section: rank, alpha, target names (against the model's projections), what it combines with."""
+  from rollouts_jax.models import lora  # pylint: disable=g-import-not-at-top
+  lo = cfg.lora
+  _positive(lo.rank, "lora.rank", allow_zero=True)
+  if not lo.rank:
+    return
+  _positive(lo.alpha, "lora.alpha")
+  lora.check_targets(lo.targets, key="lora.targets")
+  if cfg.model.init in ("sft", "random"):   # the model's sizes are known before it loads
+    m = cfg.model
+    smallest = min(m.hidden_size, m.intermediate_size, m.hidden_size // m.num_heads * m.num_kv_heads)
+    if lo.rank > smallest:
+      raise ValueError(f"Config key lora.rank={lo.rank} exceeds the model's smallest projection side "
+                       f"({smallest}); a rank at most min(in, out) of every target is low rank.")
+  if _prod(cfg.mesh.shape) != 1 or cfg.mesh.rollout_shape:
+    raise ValueError(f"lora.rank > 0 runs on one device for now (mesh.shape={tuple(cfg.mesh.shape)}, "
+                     f"mesh.rollout_shape={tuple(cfg.mesh.rollout_shape)}): the sharding rules have no "
+                     "axes for adapters yet; set lora.rank=0 or a single-device mesh.")
+
+
+def _prod(shape) -> int:
+  out = 1
+  for n in shape:
+    out *= int(n)
+  return out
 
 
 def deeplook_settings(ev: EvalConfig):

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 
 from rollouts_jax import rewards, sampling, sharding
+from rollouts_jax.models import lora as lora_lib
 from rollouts_jax.training import async_rollouts
 from rollouts_jax.training.build import (  # noqa: F401  the launchers' entry points, re-exported
     build_pipeline, evaluate, evaluator, load_policy, load_task, prompter, sampling_config, warm_start)
@@ -83,12 +84,14 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   # The initial policy, for the KL penalty, PVPO's reference rollouts and CaT's anchor.
   anchor = any(t == "cat" for t, _ in rewards.parse_reward_spec(exp.reward.name))
   ref_params = params if exp.rl.kl_coef > 0 or exp.reward.ref_samples > 0 or anchor else None
+  # With lora.rank > 0 the policy is base + adapters (the base above is the free KL reference).
+  policy = with_adapters(exp, cfg, params)
   pipeline = build_pipeline(exp, cfg, tokenizer, train_examples)
   evaluate_fn = evaluator(exp, cfg, tokenizer)
   eval_key = jax.random.key(exp.seed + 1)
   # eval_shape -> shardings -> jit(init, out_shardings): each device writes only its shard of the state.
   train_state, state_shardings = sharding.init_sharded_state(
-      functools.partial(init_train_state, tx=rl_optimizer(exp.rl)), params,
+      functools.partial(init_train_state, tx=rl_optimizer(exp.rl)), policy,
       placement.param_shardings if placement.active else None)
   state = {"train": train_state, "pipeline": pipeline.init_state()}
   async_state = async_rollouts.init_state(exp, train_state.params, threaded=threaded)
@@ -99,8 +102,10 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   eval_examples = list(test_examples[:exp.eval.num_examples])
   start, nonfinite_run, summary = 0, 0, {}
   if ckpt.latest_step() is not None:
-    state, meta, _ = ckpt.restore_latest_intact(placement_lib.abstract(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh))),
-                                                quarantine=True)
+    restored, meta, _ = ckpt.restore_latest_intact(
+        placement_lib.abstract(_on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh)))),
+        quarantine=True)
+    state = _from_disk(restored, dict(state, pipeline=restored["pipeline"]))
     state["pipeline"] = placement_lib.local(state["pipeline"])
     start, nonfinite_run, summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
     log.info("Resumed from step %d", start)
@@ -151,7 +156,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       if "async" in state:
         state["async"] = source.state(step)
       # Skipped updates leave the state finite.
-      ckpt.save(step + 1, dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh)), meta, force=done or stop)
+      ckpt.save(step + 1, _on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh))), meta,
+                force=done or stop)
       if stop:
         logger.close()
         ckpt.close()
@@ -172,12 +178,49 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   return dict(summary, params=state["train"].params)
 
 
+def with_adapters(exp: ExperimentConfig, cfg, params):
+  """The policy the update trains: `params`, or with `lora.rank` > 0 `params` + fresh adapters (`models.lora`).
+
+  The adapters' B is zero, so the policy starts exactly at `params`; their A draws from the
+  experiment's seed, so a resumed run rebuilds the same tree before restoring the trained adapters.
+  """
+  lo = exp.lora
+  if not lo.rank:
+    return params
+  adapters = lora_lib.init_adapters(cfg, jax.random.fold_in(jax.random.key(exp.seed), 0x10a), lo.rank, lo.targets)
+  return lora_lib.apply(params, adapters, lo.alpha, lo.rank)
+
+
+def _on_disk(state: dict) -> dict:
+  """The state as checkpointed: with LoRA every policy in it (the train state's params, the async
+  snapshots and moving average) is written as its adapters alone.
+
+  The frozen base is not written: a resumed run reloads it from the model source (`load_policy`).
+  """
+  return jax.tree_util.tree_map(lambda x: lora_lib.partition(x)[0] if lora_lib.is_lora(x) else x, state,
+                                is_leaf=lora_lib.is_lora)
+
+
+def _from_disk(restored: dict, template: dict) -> dict:
+  """The inverse of `_on_disk`: each restored policy's adapters over the base of the same policy in
+  `template` (the state as built before the restore; the identity without LoRA)."""
+  return jax.tree_util.tree_map(lambda t, r: lora_lib.partition(t)[1](r) if lora_lib.is_lora(t) else r, template,
+                                restored, is_leaf=lora_lib.is_lora)
+
+
 def latest_params(exp: ExperimentConfig, workdir: str | os.PathLike, params_template):
-  """The params of the latest intact checkpoint in `workdir` (structure and dtypes from `params_template`)."""
+  """The params of the latest intact checkpoint in `workdir` (structure and dtypes from `params_template`).
+
+  With `lora.rank` > 0 the checkpoint holds the adapters: the result is `params_template` (the
+  base, from the model source) with them, a LoRA policy (`models.merge_lora` gives plain params).
+  """
   ckpt = Checkpointer(pathlib.Path(workdir) / "checkpoints", save_every=exp.checkpoint.every,
                       keep=exp.checkpoint.keep)
   if ckpt.latest_step() is None:
     raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints.")
   tree, _, _ = ckpt.read()
   ckpt.close()
+  if exp.lora.rank:
+    adapters = jax.tree_util.tree_map(lambda x: jax.numpy.asarray(x, jax.numpy.float32), tree["train"]["params"])
+    return lora_lib.apply(lora_lib.base_of(params_template), adapters, exp.lora.alpha, exp.lora.rank)
   return jax.tree_util.tree_map(lambda t, x: jax.numpy.asarray(x, t.dtype), params_template, tree["train"]["params"])

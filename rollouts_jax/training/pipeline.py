@@ -120,6 +120,8 @@ class RolloutPipeline:
       the rollouts it scores.
     generator: GENERATE's `rollout.Generator` (None: plain sampling, "sample"); its state is
       `PipelineState.generator`.
+    env: the multi-turn environment's settings (`envs.EnvSettings`; None: single-turn). Its
+      generator ("multiturn") sets the rewards itself (`Generator.scores`): FILTER is skipped.
     seed: the run's seed.
   """
   cfg: models.ModelConfig
@@ -149,6 +151,7 @@ class RolloutPipeline:
   generator: Optional[rollout.Generator] = None
   generator_name: str = "sample"
   generator_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  env: Any = None
   seed: int = 0
 
   def __post_init__(self):
@@ -169,7 +172,8 @@ class RolloutPipeline:
     # The distillation teacher only: ERILS's external policy is not a teacher to the generators.
     teacher = (self.teacher_cfg or self.cfg, self.teacher_params) if self.distill else None
     return rollout.GeneratorContext(cfg=self.cfg, sampling=self.sampling_config, num_prompts=len(self.examples),
-                                    seed=self.seed, batch_size=self.batch_size, teacher=teacher)
+                                    seed=self.seed, batch_size=self.batch_size, teacher=teacher, env=self.env,
+                                    tokenizer=self.prompter.tokenizer, examples=self.examples)
 
   # -- state -------------------------------------------------------------------------------------
   def init_state(self) -> PipelineState:
@@ -233,8 +237,8 @@ class RolloutPipeline:
     while self.partial is None:
       plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B,
                                        **self._select_extras(params, stats))
-      part, gstate = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, gstate, ref_params,
-                                    version)
+      part, gstate, plan, ctl = self._generate(params, plan, step, jax.random.fold_in(key, refill), stats, gstate,
+                                               ref_params, version, ctl)
       n = len(np.asarray(plan.indices))   # (a second view's groups follow the first n)
       extra = {}
       if self.ref_samples:  # reference rewards of the plan's prompts (cached), for the selector too
@@ -288,9 +292,11 @@ class RolloutPipeline:
     if self.ref_samples:
       batch, ref_state = self._reference(batch, ref_state, ref_params, step, key, stats)
     # The update runs on completions cut to the longest one kept (rounded up to a multiple of 8,
-    # so few shapes compile): positions past every row's end carry no loss, only compute.
+    # so few shapes compile): positions past every row's end carry no loss, only compute. A row's
+    # end is its last loss position, not its count of them: multi-turn rows hold observation
+    # tokens (mask False) between their turns.
     lengths = np.asarray(batch.lengths)
-    width = min(batch.completion_ids.shape[-1], max(8, -(-int(lengths.max(initial=0)) // 8) * 8))
+    width = min(batch.completion_ids.shape[-1], max(8, -(-loss_extent(batch.completion_mask) // 8) * 8))
     batch = batch.trim(width)
     info = stats.summary()
     r, live = np.asarray(batch.rewards), np.asarray(batch.sample_mask)
@@ -318,13 +324,16 @@ class RolloutPipeline:
     return jax.device_get(sampling.sample(cfg or self.cfg, params, ids, mask, key, conf))
 
   def _generate(self, params, plan: control.Plan, step: int, key: jax.Array, stats: "_Stats", gstate, anchor,
-                version: int):
-    """GENERATE + FILTER for the plan's prompts: a scored RolloutBatch of B groups (and the generator's state).
+                version: int, ctl=None):
+    """GENERATE + FILTER for the plan's prompts: (a scored RolloutBatch of B groups, the generator's
+    state, the plan as refined, the selector's state).
 
-    The fixed sequence: the generator generates, FILTER scores (a second view too, for
-    Co-Reward), the generator finishes its groups (`Generator.finish`), the side steps add what
-    the update reads (the teacher's signal, ERILS's external rollouts), the selector's budget
-    masks the samples, and the generator learns from the result. `params` are the policy after
+    The fixed sequence: the generator generates the plan's budgets (a selector with a second
+    phase, `PromptSelector.refine`, sees them scored and the generator decodes the rollouts it
+    adds, merged into the groups), FILTER scores (a second view too, for Co-Reward), the
+    generator finishes its groups (`Generator.finish`), the side steps add what the update
+    reads (the teacher's signal, ERILS's external rollouts), the selector's budget masks the
+    samples, and the generator learns from the result. `params` are the policy after
     `version` updates (the tag of every token it generates).
     """
     idx = np.asarray(plan.indices)
@@ -332,10 +341,25 @@ class RolloutPipeline:
     ids, mask = self.prompter(examples)
     N = self.num_samples
     t0 = time.perf_counter()
-    prompts = rollout.Prompts(ids=np.asarray(ids, np.int32), mask=np.asarray(mask, bool), index=idx.astype(np.int32))
+    prompts = rollout.Prompts(ids=np.asarray(ids, np.int32), mask=np.asarray(mask, bool), index=idx.astype(np.int32),
+                              budget=np.asarray(plan.budget, np.int32))
     batch, gstate, gstats = self.generator.generate(gstate, params, prompts, key, version=version)
     gstats = dict(gstats)
     decoded, started = gstats.pop("generated_tokens", None), gstats.pop("rollouts", None)
+    if self.selector.refine is not None:   # the selector's second phase, from the first one's rewards
+      first, _ = self._score(batch, examples, _Stats())
+      refined, ctl = self.selector.refine(ctl, plan, first, plan.sample_mask(N))
+      more = np.asarray(refined.budget) - np.asarray(plan.budget)
+      if more.sum():
+        added, gstate, astats = self.generator.generate(gstate, params, prompts.replace(budget=more.astype(np.int32)),
+                                                        jax.random.fold_in(key, 3), version=version)
+        astats = dict(astats)
+        batch = batch.extend_groups(added, plan.budget, more)
+        decoded = _sum_or_none(decoded, astats.pop("generated_tokens", None))
+        started = _sum_or_none(started, astats.pop("rollouts", None))
+        stats.add_all(astats)
+        stats.add("control/phase2_rollouts", float(more.sum()))
+      plan = refined
     stats.add_all(gstats)
     stats.add("time/sample", time.perf_counter() - t0)
     second = None
@@ -344,7 +368,10 @@ class RolloutPipeline:
       vids, vmask = self.prompter(views)
       vout = self._sample(params, vids, vmask, jax.random.fold_in(key, 2), self.sampling_config)
       second = sampling.from_samples(vids, vmask, vout, prompt_index=idx, policy_version=version)
-    r, info = self._score(batch, examples, stats, second_view=second, anchor_params=anchor)
+    if self.generator.scores:   # the environment's rewards (multi-turn): no text reward overwrites them
+      r, info = np.asarray(batch.rewards, np.float32), {}
+    else:
+      r, info = self._score(batch, examples, stats, second_view=second, anchor_params=anchor)
     batch = batch.replace(rewards=r)
     stats.add("rollouts", float(N * len(idx)) if started is None else started)
     stats.add("generated_tokens", float(np.asarray(batch.lengths).sum()) if decoded is None else decoded)
@@ -374,7 +401,7 @@ class RolloutPipeline:
     # The generator learns from its scored groups (the first view's).
     first = batch if batch.prompt_ids.shape[0] == len(idx) else batch.take(np.arange(len(idx)))
     gstate = self.generator.update(gstate, first, version=version)
-    return batch, gstate
+    return batch, gstate, plan, ctl
 
   def _generate_partial(self, params, ctl, pstate, version: int, key: jax.Array, stats: "_Stats"):
     """APRIL: B finished, scored groups; unfinished and surplus groups go back to the store.
@@ -665,6 +692,24 @@ class _Stats:
     for k in ("time/sample", "time/score", "grader_failures", "generated_tokens"):
       out.setdefault(k, 0.0)
     return out
+
+
+def loss_extent(completion_mask) -> int:
+  """The completion width that holds every loss position: 1 + the last True column (0 if none).
+
+  Unlike the longest row's count of loss tokens, it keeps the later turns of multi-turn rows,
+  whose observation tokens are holes in the mask.
+
+  >>> loss_extent(np.array([[[True, False, False, True, False]]])), loss_extent(np.zeros((1, 1, 3), bool))
+  (4, 0)
+  """
+  m = np.asarray(completion_mask, bool).reshape(-1, np.shape(completion_mask)[-1]).any(0)
+  return int(np.flatnonzero(m)[-1] + 1) if m.any() else 0
+
+
+def _sum_or_none(a, b):
+  """A count from two calls; None (count it from the batch) unless both generator calls reported it."""
+  return None if a is None or b is None else a + b
 
 
 def _padding_frac(new_tokens_R: np.ndarray) -> float:

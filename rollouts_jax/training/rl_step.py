@@ -10,7 +10,9 @@ runs over micro-batches of rows (so large N fits), gradients are accumulated per
 minibatch, and each minibatch is one optimizer update; `ppo_epochs` passes are made
 over the batch. A non-finite loss or gradient skips the update (params and optimizer
 state stay as they were) and is reported in the metrics, as is the gap between the
-sampler's log-probs and the trainer's.
+sampler's log-probs and the trainer's. With a LoRA policy (`models.lora`, `lora.rank` > 0)
+only the adapters are differentiated, clipped and optimized (`lora.partition`); the base
+rides in the state unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import optax
 from rollouts_jax import advantages as advantages_lib
 from rollouts_jax import losses, models
 from rollouts_jax.models import ModelConfig, Params
+from rollouts_jax.models import lora as lora_lib
 from rollouts_jax.sampling.batch import RolloutBatch, teacher_forced_rows
 from rollouts_jax.training.config import RLConfig, parse_kwargs
 
@@ -103,9 +106,13 @@ def loss_kwargs(rl: RLConfig) -> dict[str, float]:
 
 def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainState:
   """A fresh train state. Params are copied: the jitted steps donate the state, and the
-  caller's arrays (e.g. the KL reference) must survive that."""
+  caller's arrays (e.g. the KL reference) must survive that.
+
+  With a LoRA policy (`models.lora.apply`) the optimizer state covers the adapters alone
+  (`lora.partition`); the frozen base rides in `params` and is never updated.
+  """
   params = jax.tree_util.tree_map(jnp.copy, params)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(lora_lib.partition(params)[0]))
 
 
 def advantage_transform(rl: RLConfig) -> advantages_lib.AdvantageTransform:
@@ -318,9 +325,11 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     m = {k: v * w for k, v in m.items()} | {"ratio_max": m["ratio_max"], "ratio_min": m["ratio_min"]}
     return total * w, (m, jax.lax.stop_gradient(lp))
 
-  grad_fn = jax.grad(micro_loss, has_aux=True)
-
   def minibatch_update(st: TrainState, idx):
+    # The trainable part: the adapters with LoRA (the frozen base gets no gradient, no optimizer
+    # state, no update), else every parameter (`combine` is then the identity).
+    trainable, combine = lora_lib.partition(st.params)
+    grad_fn = jax.grad(lambda t, xs, totals: micro_loss(combine(t), xs, totals), has_aux=True)
     sl = lambda x: jax.lax.dynamic_slice_in_dim(x, idx * rows_per_mb, rows_per_mb, axis=0)
     mb = {"tokens": sl(tokens), "attn": sl(attn), "adv": sl(adv_R), "mask": sl(loss_mask_RxT),
           "rollout": sl(rollout_lp)}
@@ -337,24 +346,24 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
 
     def acc(carry, xs):
       g_sum, m_sum = carry
-      g, (m, lp) = grad_fn(st.params, xs, totals)
+      g, (m, lp) = grad_fn(trainable, xs, totals)
       m_new = {k: (jnp.maximum(m_sum[k], v) if k == "ratio_max" else
                    jnp.minimum(m_sum[k], v) if k == "ratio_min" else m_sum[k] + v) for k, v in m.items()}
       return (jax.tree_util.tree_map(jnp.add, g_sum, g), m_new), lp
 
-    m_shape = jax.eval_shape(lambda: grad_fn(st.params, jax.tree_util.tree_map(lambda x: x[0], micro_batches),
+    m_shape = jax.eval_shape(lambda: grad_fn(trainable, jax.tree_util.tree_map(lambda x: x[0], micro_batches),
                                              totals)[1][0])
     m0 = {k: (jnp.full((), -jnp.inf) if k == "ratio_max" else jnp.full((), jnp.inf) if k == "ratio_min"
               else jnp.zeros((), v.dtype)) for k, v in m_shape.items()}
-    g0 = jax.tree_util.tree_map(jnp.zeros_like, st.params)
+    g0 = jax.tree_util.tree_map(jnp.zeros_like, trainable)
     (grads, m), lp = jax.lax.scan(acc, (g0, m0), micro_batches)
     grad_norm = optax.global_norm(grads)
     loss = m["distill_kl" if full_kl else "pg_loss"] + (kl_coef * m["kl"] if rl.kl_coef > 0 else 0.0)
     ok = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
-    updates, new_opt = tx.update(grads, st.opt_state, st.params)
-    new_params = optax.apply_updates(st.params, updates)
+    updates, new_opt = tx.update(grads, st.opt_state, trainable)
+    new_trainable = optax.apply_updates(trainable, updates)
     keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
-    st = TrainState(step=st.step + ok.astype(jnp.int32), params=keep(new_params, st.params),
+    st = TrainState(step=st.step + ok.astype(jnp.int32), params=combine(keep(new_trainable, trainable)),
                     opt_state=keep(new_opt, st.opt_state))
     m = dict(m, loss=loss, grad_norm=grad_norm, nonfinite=(~ok).astype(jnp.float32))
     return st, (m, lp.reshape(rows_per_mb, T))

@@ -29,13 +29,20 @@ def _extras(plan, rewards, key):
 
 @functools.lru_cache(maxsize=None)
 def _round(sel, batch):
-  """One jitted select/update round against Bernoulli prompts (compiled once per selector)."""
+  """One jitted select/(refine)/update round against Bernoulli prompts (compiled once per selector).
+
+  As in the loop: a selector with a second phase sees the first phase's samples, then its
+  refined budgets' (one draw of N per prompt; each phase reads the samples within its budget).
+  """
 
   @jax.jit
   def one(state, k, p_K):
     k_sel, k_r, k_e = jax.random.split(k, 3)
     plan, state = sel.select(state, k_sel, batch)
     r, m = _bandit_rewards(k_r, p_K, plan)
+    if sel.refine is not None:
+      plan, state = sel.refine(state, plan, jnp.where(m, r, 0.0), m)
+      m = plan.sample_mask(N)
     ex = _extras(plan, r, k_e)
     ex.pop("something_new")
     return plan, sel.update(state, plan, r, m, **ex)
@@ -235,8 +242,22 @@ def test_hive_history_counts_and_entropy_record():
   assert st.has_entropy.tolist() == [False, True, False, True, False]
 
 
-def test_pilot_commit_phases_and_kept_pilot_statistics():
+def test_pilot_commit_in_the_same_step_commits_the_mixed_pilots_into_their_groups():
   sel = control.pilot_commit(16, num_samples=8, pilot_fraction=0.5)
+  plan, state = sel.select(sel.init(), jax.random.key(0), 4)
+  assert plan.budget.tolist() == [2, 2, 2, 2]
+  r = jnp.array([[1, 1], [0, 1], [0, 0], [1, 0]], jnp.float32)
+  refined, state = sel.refine(state, plan, jnp.pad(r, ((0, 0), (0, 6))), plan.sample_mask(8))
+  np.testing.assert_array_equal(refined.indices, plan.indices)      # the same groups, grown
+  assert refined.budget.tolist() == [2, 8, 2, 8]                     # both mixed pilots (2 slots)
+  state = sel.update(state, refined, jnp.ones((4, 8)).at[:, 0].set(0.0), refined.sample_mask(8))
+  assert state.obs_pilot[plan.indices].tolist() == [True, False, True, False]   # committed: consumed
+  plan2, _ = sel.select(state, jax.random.key(1), 4)
+  assert plan2.budget.tolist() == [2, 2, 2, 2]                       # no cross-step commits
+
+
+def test_pilot_commit_phases_and_kept_pilot_statistics():
+  sel = control.pilot_commit(16, num_samples=8, pilot_fraction=0.5, same_step=False)
   state = sel.init()
   plan, state = sel.select(state, jax.random.key(0), 4)
   assert plan.budget.tolist() == [2, 2, 2, 2]
@@ -284,8 +305,21 @@ def test_xrpo_allocation_sums_to_the_budget_and_follows_uncertainty(frac, min_s)
   assert int(n[1]) == 2                                # a prompt with s = 0 gets the minimum
 
 
+def test_xrpo_in_two_phases_decodes_the_minimum_then_the_rest_by_the_first_phase_s_spread():
+  sel = control.xrpo_allocation(K, num_samples=N, budget_fraction=0.5, prior_count=0.1, explore=0.0)
+  plan, state = sel.select(sel.init(), jax.random.key(0), B)
+  assert plan.budget.tolist() == [2] * B
+  r = jnp.zeros((B, N)).at[:3, 0].set(1.0)       # three mixed pilot groups, three all-wrong
+  refined, _ = sel.refine(state, plan, r, plan.sample_mask(N))
+  np.testing.assert_array_equal(refined.indices, plan.indices)
+  assert int(refined.budget.sum()) == B * N // 2 and np.all(refined.budget >= plan.budget)
+  assert refined.budget[:3].min() > refined.budget[3:].max()
+  with pytest.raises(ValueError, match="phases"):
+    control.xrpo_allocation(K, num_samples=N, phases=3)
+
+
 def test_xrpo_budget_one_is_uniform():
-  a = control.xrpo_allocation(K, num_samples=N, budget_fraction=1.0, seed=3)
+  a = control.xrpo_allocation(K, num_samples=N, budget_fraction=1.0, seed=3, phases=1)
   u = control.uniform(K, num_samples=N, seed=3)
   sa, su = a.init(), u.init()
   for t in range(6):

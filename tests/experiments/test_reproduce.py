@@ -218,6 +218,31 @@ def test_real_opd_distils_from_the_exported_grpo_teacher(tmp_path, monkeypatch):
   assert doc["teacher"] == result
   assert "Teacher: the `teacher` arm" in (tmp_path / "res" / "repro_real_opd.md").read_text()
   assert json.loads((tmp_path / "res" / "repro_real_opd.json").read_text())["teacher"] == result
+  # A later machine reads the recorded teacher and keeps it in the JSON after every write, so a
+  # study stopped halfway loses no record.
+  recorded_run = _run("opd", 0, 0.38, wall_s=5.0, config=rp.run_config("real_opd", "opd", 0))
+  rp.write_outputs(study, [recorded_run], tmp_path / "res", planned_seeds=1, smoke=False, missing=[], plot=False)
+  rp.add_teacher(study, tmp_path / "res", tmp_path / "real_opd", {"runs": [recorded_run]}, recorded=result)
+  writes = []
+  real_write = rp.write_outputs
+
+  def spy_write(*a, **k):
+    writes.append(1)
+    return real_write(*a, **k)
+
+  monkeypatch.setattr(rp, "write_outputs", spy_write)
+  kept = []
+  original_add = rp.add_teacher
+
+  def checked(study_, results_dir, study_dir, doc_, recorded_):
+    kept.append(recorded_ == result)
+    return original_add(study_, results_dir, study_dir, doc_, recorded_)
+
+  monkeypatch.setattr(rp, "add_teacher", checked)
+  rp.run_studies(["real_opd"], seeds=1, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res", plot=False,
+                 report_only=True, log=lambda m: None)
+  assert len(writes) == 2 and kept == [True, True]      # after the recorded run, and at the end
+  assert json.loads((tmp_path / "res" / "repro_real_opd.json").read_text())["teacher"] == result
 
 
 def test_run_one_reads_a_finished_workdir_without_training(tmp_path):

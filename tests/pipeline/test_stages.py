@@ -437,3 +437,88 @@ def test_cat_anchor_prompt_lists_the_groups_answers():
   assert len(out) == 1 and isinstance(out[0], str)
   prompt = rewards.cat_prompt(tasks.get("arithmetic").prompt(EXAMPLES[0], TOK), ["12", "13", "12", None])
   assert prompt.startswith("Candidate answers: 12; 13.") and prompt.endswith(tasks.get("arithmetic").prompt(EXAMPLES[0], TOK))
+
+
+# ------------------------------------------------------------- CONTROL's budgets: what is decoded
+
+def _fixed_budget_selector(budget):
+  """A uniform stream whose plan gives prompt b `budget[b]` rollouts."""
+
+  def factory(num_prompts, *, num_samples, seed=0):
+    sel = control.uniform(num_prompts, num_samples=num_samples, seed=seed)
+
+    def select(state, key, batch_size, **kw):
+      plan, state = sel.select(state, key, batch_size)
+      return control.Plan(plan.indices, jnp.asarray(budget, jnp.int32)), state
+    return control.PromptSelector(sel.init, select, sel.update)
+  return factory
+
+
+def test_a_budget_of_b_decodes_b_samples_in_the_loop(monkeypatch):
+  """Budgets [2, 0, 1, 3] of N = 4: 6 rollouts decoded (not 16), and only those carry tokens and loss."""
+  budget = [2, 0, 1, 3]
+  monkeypatch.setitem(control.REGISTRY, "uniform", _fixed_budget_selector(budget))
+  p, params = _pipeline(_exp())
+  decoded_rows = []
+  real_sample = pipeline_lib.sampling.sample
+
+  def spy(cfg, params_, ids, mask, key, conf, budget=None):
+    out = real_sample(cfg, params_, ids, mask, key, conf, budget=budget)
+    decoded_rows.append(int(np.sum(budget)) if budget is not None else ids.shape[0] * conf.num_samples)
+    return out
+
+  monkeypatch.setattr(pipeline_lib.rollout.sample.sampling, "sample", spy)
+  batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
+  assert decoded_rows == [6]
+  lengths = np.asarray(batch.lengths)
+  within = np.arange(4)[None, :] < np.asarray(budget)[:, None]
+  np.testing.assert_array_equal(np.asarray(batch.sample_mask), within)
+  assert (lengths[~within] == 0).all() and (lengths[within] > 0).all()
+  assert info["rollouts"] == 6 and info["rollouts_budget"] == 6
+  assert info["generated_tokens"] == lengths.sum()
+
+
+@pytest.mark.parametrize("name,kwargs", [("xrpo", "budget_fraction=0.5"), ("pilot_commit", "")])
+def test_a_second_phase_decodes_only_what_it_adds_and_merges_it_into_the_groups(name, kwargs, monkeypatch):
+  """XRPO's phases and Pilot-Commit's commit: phase 1 decodes the first budgets, phase 2 only the
+  difference, each sample on its own random stream, into the same groups (the refined plan's)."""
+  calls = []
+  real_sample = pipeline_lib.sampling.sample
+
+  def spy(cfg, params_, ids, mask, key, conf, budget=None):
+    calls.append(np.asarray(budget).tolist())
+    return real_sample(cfg, params_, ids, mask, key, conf, budget=budget)
+
+  monkeypatch.setattr(pipeline_lib.rollout.sample.sampling, "sample", spy)
+  exp = _exp(control={"name": name, "kwargs": kwargs}, rollout={"num_samples": 8})
+  p, params = _pipeline(exp)
+  updates = []
+  real_update = p.selector.update
+  p.selector = p.selector._replace(update=lambda s, plan, r, m=None, **k: (updates.append(np.asarray(plan.budget)),
+                                                                         real_update(s, plan, r, m, **k))[1])
+  batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
+  first = np.asarray(calls[0])
+  assert first.tolist() == [2, 2, 2, 2]                       # phase 1: the minimum / the pilots
+  final = updates[0]
+  if len(calls) == 2:
+    np.testing.assert_array_equal(np.asarray(calls[1]), final - first)   # phase 2: only the difference
+  else:
+    np.testing.assert_array_equal(final, first)               # nothing to add this step
+  if name == "xrpo":
+    assert final.sum() == 4 * 8 // 2 and len(calls) == 2
+  within = np.arange(8)[None, :] < final[:, None]
+  np.testing.assert_array_equal(np.asarray(batch.sample_mask), within)
+  assert (np.asarray(batch.lengths)[within] > 0).all() and (np.asarray(batch.lengths)[~within] == 0).all()
+  assert info["rollouts"] == final.sum()
+  # The merged samples are the ones an unbudgeted call draws on each sample's stream.
+  full = real_sample(p.cfg, params, batch.prompt_ids, batch.prompt_mask, jax.random.fold_in(jax.random.key(0), 0),
+                     p.sampling_config)   # the key `collect` hands the first generation
+  np.testing.assert_array_equal(np.asarray(full.completion_ids)[:, :2], np.asarray(batch.completion_ids)[:, :2])
+
+
+def test_a_two_phase_selector_needs_the_plain_generator():
+  with pytest.raises(ValueError, match="control.name='xrpo'.*rollout.generator='sample'"):
+    _exp(control={"name": "xrpo"}, rollout={"generator": "spec_rl"})
+  _exp(control={"name": "xrpo", "kwargs": "phases=1"}, rollout={"generator": "spec_rl"})
+  with pytest.raises(ValueError, match="control.kwargs"):
+    _exp(control={"name": "pilot_commit", "kwargs": "pilot_samples=9"})

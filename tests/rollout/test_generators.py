@@ -39,7 +39,7 @@ def _exp(**rollout_section):
 
 def test_names_and_settings_are_checked_with_their_config_keys():
   assert rollout.names()[0] == "sample" and {"spec_rl", "tree"} <= set(rollout.names())
-  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, adwin, arrol, esr, self_spec, sol_rl, spec_rl, tree"):
+  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, adwin, arrol, esr, multiturn, self_spec, sol_rl, spec_rl, tree"):
     _exp(generator="beam")
   with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'"):
     rollout.build("beam", CTX)

@@ -1,0 +1,118 @@
+"""The sandboxed tools: a named error observation for every fault, nothing leaked, no lost rollout."""
+
+import os
+import time
+
+import pytest
+
+from rollouts_jax.envs import tools
+
+FAST = tools.SandboxLimits(timeout_s=2.0, cpu_s=2, memory_mb=256, max_output=500)
+
+
+@pytest.mark.parametrize("expr,want", [("12 * (3 + 4)", "84"), ("7 / 2", "3.5"), ("-3 + 10 // 4", "-1"),
+                                       ("2 ** 10", "1024"), ("47x28", "1316"), ("0.1 + 0.2", "0.3")])
+def test_calculator_values(expr, want):
+  assert tools.calculate(expr) == want
+
+
+@pytest.mark.parametrize("expr,kind", [("", "bad_arguments"), ("1 +", "bad_arguments"), ("1/0", "bad_arguments"),
+                                       ("2 ** 100000", "bad_arguments"), ("9" * 70 + " * 2", "bad_arguments"),
+                                       ("__import__('os').system('ls')", "bad_arguments"), ("a + 1", "bad_arguments"),
+                                       ("(1).__class__", "bad_arguments"), ("1" * 300, "bad_arguments"),
+                                       ("[1, 2]", "bad_arguments"), ("'a' * 3", "bad_arguments")])
+def test_calculator_rejects_malformed_or_unsafe_arguments_with_a_named_error(expr, kind):
+  out = tools.calculate(expr)
+  assert out.startswith(f"error: {kind}: "), out
+
+
+def test_python_tool_returns_the_output():
+  assert tools.run_python("print(sum(range(10)))", FAST) == "45\n"
+
+
+def test_a_hanging_tool_is_killed_at_its_timeout():
+  t0 = time.monotonic()
+  out = tools.run_python("while True: pass", tools.SandboxLimits(timeout_s=1.0, cpu_s=5))
+  assert out == "error: timeout: no result within 1 s"
+  assert time.monotonic() - t0 < 5
+  assert tools.run_python("import time; time.sleep(60)", tools.SandboxLimits(timeout_s=0.5)).startswith("error: timeout")
+
+
+def test_a_crashing_tool_is_a_crash_observation():
+  assert tools.run_python("import ctypes; ctypes.string_at(0)", FAST) == "error: crash: killed by signal 11"
+  assert tools.run_python("raise ValueError('boom')", FAST) == "error: crash: exit status 1: ValueError: boom"
+  assert tools.run_python("import sys; sys.exit(3)", FAST).startswith("error: crash: exit status 3")
+
+
+def test_huge_output_is_stopped_and_cut():
+  out = tools.run_python("print('x' * 10**7)", FAST)
+  assert out.startswith("error: output_too_large: ") and len(out) < 500
+  cut = tools.run_python("print('y' * 3000)", FAST)        # under the file cap, over max_output: cut with a note
+  assert cut.startswith("y" * 500) and "more characters cut" in cut and len(cut) < 600
+
+
+def test_memory_network_and_processes_are_refused():
+  assert tools.run_python("x = bytearray(2**30)", FAST) == "error: memory: the program ran out of its 256 MiB"
+  net = tools.run_python("import socket; socket.create_connection(('10.0.0.1', 80), timeout=1)", FAST)
+  assert net.startswith("error: crash") and "network access is disabled" in net
+  sub = tools.run_python("import subprocess; subprocess.run(['true'])", FAST)
+  assert "starting processes is disabled" in sub
+
+
+def test_bad_arguments_and_no_leaks_between_calls(tmp_path):
+  assert tools.run_python(None, FAST).startswith("error: bad_arguments")   # type: ignore[arg-type]
+  # A call's files and environment die with it: the next call starts clean.
+  tools.run_python("open('left_behind.txt', 'w').write('secret'); import os; os.environ['LEAK'] = '1'", FAST)
+  assert tools.run_python("import os; print(os.listdir('.'), os.environ.get('LEAK'))", FAST) == "['out.txt'] None\n"
+  assert not any(n.startswith("rollouts_tool_") for n in os.listdir(os.environ.get("TMPDIR", "/tmp"))
+                 if os.path.exists(os.path.join(os.environ.get("TMPDIR", "/tmp"), n, "left_behind.txt")))
+
+
+def test_syntax_errors_are_bad_arguments_without_a_process():
+  assert tools.run_python("def (:", FAST).startswith("error: bad_arguments: not valid Python (SyntaxError")
+
+
+def test_faulty_tool_calls_in_episodes_give_named_error_observations_and_lose_no_rollout():
+  """Rows whose tool hangs, crashes, floods its output or gets malformed code: each row reads its named
+  error as an observation, its episode goes on to a final turn, and every row is in the batch."""
+  import jax
+  import numpy as np
+  from rollouts_jax import data, envs, models, sampling
+  from rollouts_jax.envs import calculator
+  from rollouts_jax.rollout import multiturn
+
+  class FaultEnv(calculator.CalculatorEnv):
+    def reset(self, example):
+      return dict(super().reset(example), program=example["program"])
+
+    def step(self, state, completion_text):   # the first turn calls the example's program
+      if state["calls"] == 0:
+        completion_text = f"<tool_call>{state['program']}</tool_call>"
+      return super().step(state, completion_text)
+
+  programs = {"timeout": "while True: pass", "crash": "import ctypes; ctypes.string_at(0)",
+              "output_too_large": "print('x' * 10**7)", "bad_arguments": "def (:", "ok": "print(6 * 7)"}
+  examples = [{"program": p, "answer": "42", "a": 6, "b": 7} for p in programs.values()]
+  env = FaultEnv(tool="python", timeout_s=1.0, max_calls=1)
+  tok = data.CharTokenizer.default()
+  cfg = models.ModelConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                           num_kv_heads=1, eos_token_ids=(tok.eos_id,), pad_token_id=tok.pad_id)
+  params = models.init_params(cfg, jax.random.key(0))
+  conf = sampling.SamplingConfig(num_samples=2, max_new_tokens=512, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                                 prompt_buckets=(32,))
+  ids, mask = data.pad_left([tok.encode(env.prompt(ex)) for ex in examples], (32,), pad_id=tok.pad_id)
+  t0 = time.monotonic()
+  ep = multiturn.run_episodes(cfg, params, np.asarray(ids), np.asarray(mask), examples, env, tok, conf,
+                              jax.random.key(0), envs.EnvSettings(name="calculator", max_turns=2, turn_tokens=4))
+  assert time.monotonic() - t0 < 60
+  batch = multiturn.to_batch(ep, len(examples), 2, prompt_index=np.arange(len(examples)), version=0)
+  assert batch.completion_ids.shape[:2] == (5, 2) and np.asarray(batch.sample_mask).all()
+  for r in range(10):
+    kind = list(programs)[r // 2]
+    obs = tok.decode(ep.obs_ids[r][0])
+    assert obs.startswith("<tool_result>") and obs.endswith("</tool_result>")
+    if kind == "ok":
+      assert obs == "<tool_result>42\n</tool_result>"
+    else:
+      assert obs.startswith(f"<tool_result>error: {kind}: "), obs
+    assert ep.turn_mask[r].tolist() == [True, True] and not env.used_tool(ep.states[r]) is False

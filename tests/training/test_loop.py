@@ -16,15 +16,6 @@ from rollouts_jax.training.rl_step import advantage_transform
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-  root = tmp_path_factory.mktemp("cache")
-  mp = pytest.MonkeyPatch()
-  mp.setenv("ROLLOUTS_JAX_CACHE", str(root))
-  yield root
-  mp.undo()
-
-
 def _smoke(name="default", **overrides):
   """The smoke variant of a config; overrides like `rl__steps=3` or `control__name="uniform"`."""
   cd = config_lib.load_config_file(REPO / "configs" / f"{name}.py", "smoke")

@@ -19,15 +19,6 @@ from rollouts_jax.training.rl_step import batch_logprobs
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-  root = tmp_path_factory.mktemp("cache")
-  mp = pytest.MonkeyPatch()
-  mp.setenv("ROLLOUTS_JAX_CACHE", str(root))
-  yield root
-  mp.undo()
-
-
 def _lora_smoke(**overrides):
   """configs/lora.py:smoke with overrides like `rl__steps=3`; a large step so one update shows."""
   cd = config_lib.load_config_file(REPO / "configs" / "lora.py", "smoke")

@@ -45,3 +45,17 @@ def _release_compiled_programs():
   yield
   jax.clear_caches()
   gc.collect()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  """A module's dataset / warm-start cache (`ROLLOUTS_JAX_CACHE`): built by its first test, reused by the rest.
+
+  Kept here rather than in a second conftest.py: test files import `load_script` with
+  `from conftest import ...`, which a nested conftest.py would shadow.
+  """
+  root = tmp_path_factory.mktemp("cache")
+  mp = pytest.MonkeyPatch()
+  mp.setenv("ROLLOUTS_JAX_CACHE", str(root))
+  yield root
+  mp.undo()

@@ -41,7 +41,7 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6.29",
         ],
-        # experiments/bench_real_lm.py's GRPO comparison (TRL's GRPOTrainer on the same model).
+        # experiments/benchmarks/bench_real_lm.py's GRPO comparison (TRL's GRPOTrainer on the same model).
         "bench": [
             "trl>=1.16",
             "datasets>=4.7",

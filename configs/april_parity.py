@@ -1,4 +1,4 @@
-r"""APRIL learning parity (`experiments/april_parity.py`): one arm per config argument.
+r"""APRIL learning parity (`experiments/studies/april_parity.py`): one arm per config argument.
 
 Arms, on the miniature of `configs/repro_base.py` (arithmetic with 1- to 3-digit operands,
 so completions have a length spread; 8 prompts a step x 8 samples, 80 steps), with no
@@ -10,7 +10,7 @@ dynamic sampling in either arm, so each step trains on 8 finished groups:
          the other 4 to be resumed next step under the newer policy; stale tokens are weighted
          by the truncated importance ratio (rl.tis_cap = 2)
 
-  python experiments/train.py --config=configs/april_parity.py:april --workdir=/tmp/april_parity
+  python -m experiments.launch.train --config=configs/april_parity.py:april --workdir=/tmp/april_parity
 """
 
 import os

@@ -3,7 +3,7 @@ r"""MC-GRPO on arithmetic with multiplication: a harder warm start, 9 samples a 
 Median-centered advantages (arXiv 2601.22582) with the std guard for binary rewards (see
 `advantages.group_median_baseline`); 2-digit addition and multiplication.
 
-  python experiments/train.py --config=configs/arithmetic_mc_grpo.py --workdir=/tmp/rollouts_mc
+  python -m experiments.launch.train --config=configs/arithmetic_mc_grpo.py --workdir=/tmp/rollouts_mc
 """
 
 import os

@@ -5,7 +5,7 @@ hidden state (trained on the fly on finished rollouts' outcomes) keeps 8 of them
 mix of likely successes and likely failures, and only those run to the end. The pruned
 rows cost their 8-token prefix.
 
-  python experiments/train.py --config=configs/arrol.py --workdir=/tmp/rollouts_arrol
+  python -m experiments.launch.train --config=configs/arrol.py --workdir=/tmp/rollouts_arrol
 """
 
 import os

@@ -12,8 +12,8 @@ cap (decoupled PPO). Arguments (comma-separated):
             XLA_FLAGS=--xla_force_host_platform_device_count=8 on a CPU)
   smoke     the tiny variant of the default config
 
-  python experiments/train.py --config=configs/async_grpo.py --workdir=/tmp/rollouts_async
-  python experiments/train.py --config=configs/async_grpo.py:snapshot,stale2 --workdir=/tmp/rollouts_async2
+  python -m experiments.launch.train --config=configs/async_grpo.py --workdir=/tmp/rollouts_async
+  python -m experiments.launch.train --config=configs/async_grpo.py:snapshot,stale2 --workdir=/tmp/rollouts_async2
 """
 
 import os

@@ -7,7 +7,7 @@ answer gives its group 0. The small arithmetic model was never trained to reconc
 candidates, so here the anchor mostly answers the question itself; a chat checkpoint
 (`gsm8k_qwen.py` with `--config.reward.name=cat`) reads the candidates as intended.
 
-  python experiments/train.py --config=configs/cat.py --workdir=/tmp/rollouts_cat
+  python -m experiments.launch.train --config=configs/cat.py --workdir=/tmp/rollouts_cat
 """
 
 import os

@@ -4,7 +4,7 @@ Each prompt is also asked in a label-preserving rewrite (the operands of `a + b`
 `tasks.Arithmetic.rewrite`); the original's samples are rewarded by agreement with the
 rewrite's majority answer and vice versa, and both views train (2 x prompts_per_step groups).
 
-  python experiments/train.py --config=configs/co_reward.py --workdir=/tmp/rollouts_co_reward
+  python -m experiments.launch.train --config=configs/co_reward.py --workdir=/tmp/rollouts_co_reward
 """
 
 import os

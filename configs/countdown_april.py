@@ -7,7 +7,7 @@ longer hold up the batch; a resumed group mixes policy versions, and every token
 behaviour log-prob of the version that produced it, so the update weights it by the
 truncated importance ratio (rl.tis_cap) against the policy before the update.
 
-  python experiments/train.py --config=configs/countdown_april.py --workdir=/tmp/rollouts_april
+  python -m experiments.launch.train --config=configs/countdown_april.py --workdir=/tmp/rollouts_april
 """
 
 import os

@@ -5,7 +5,7 @@ rewards; the informative groups beyond the batch are not thrown away but stored
 (`replay.fifo`) and offered first at the next steps (at most `replay.max_staleness` updates
 old), their PPO ratio taken against their behaviour log-probs.
 
-  python experiments/train.py --config=configs/countdown_dapo_replay.py --workdir=/tmp/rollouts_dapo_replay
+  python -m experiments.launch.train --config=configs/countdown_dapo_replay.py --workdir=/tmp/rollouts_dapo_replay
 """
 
 import os

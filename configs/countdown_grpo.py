@@ -3,7 +3,7 @@ r"""Countdown with GRPO: reach a target from 3 numbers with + - * / (each number
 The policy is warm-started by SFT on generated solutions, then trained with GRPO on the
 exact countdown verifier (no `eval`; exact rational arithmetic).
 
-  python experiments/train.py --config=configs/countdown_grpo.py --workdir=/tmp/rollouts_countdown
+  python -m experiments.launch.train --config=configs/countdown_grpo.py --workdir=/tmp/rollouts_countdown
 """
 
 import os

@@ -5,7 +5,7 @@ Each step samples a pool of 16 completions per prompt with the FP4-quantized pol
 (duplicates counted once), recomputes their log-probs in full precision and trains on them
 (FP4 Explore, BF16 Train; arXiv 2604.06916).
 
-  python experiments/train.py --config=configs/countdown_sol_rl.py --workdir=/tmp/rollouts_sol_rl
+  python -m experiments.launch.train --config=configs/countdown_sol_rl.py --workdir=/tmp/rollouts_sol_rl
 """
 
 import os

@@ -5,7 +5,7 @@ the canonical structure of its expression (commutative chains flattened and sort
 and `2*(5+3)` are one strategy, `3*2+5*2` another; `tasks.Countdown.strategy`). The paper
 clusters with an LLM judge; `advantages.cluster_by_judge` keeps that path for real models.
 
-  python experiments/train.py --config=configs/countdown_uniqueness.py --workdir=/tmp/rollouts_uniqueness
+  python -m experiments.launch.train --config=configs/countdown_uniqueness.py --workdir=/tmp/rollouts_uniqueness
 """
 
 import os

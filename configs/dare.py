@@ -3,7 +3,7 @@ r"""DARE (arXiv 2601.21804): label-free rewards from the whole answer distributi
 Each sample's reward is the uncertainty-weighted share of its answer in the group (mean token
 entropy as the uncertainty) plus alpha * (1 - share) * (1 - uncertainty); no references read.
 
-  python experiments/train.py --config=configs/dare.py --workdir=/tmp/rollouts_dare
+  python -m experiments.launch.train --config=configs/dare.py --workdir=/tmp/rollouts_dare
 """
 
 import os

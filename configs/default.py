@@ -1,7 +1,7 @@
 r"""The embedded default: SFT warm start on 3-digit addition, then GRPO, on a CPU.
 
-  python experiments/train.py --config=configs/default.py --workdir=/tmp/rollouts_default
-  python experiments/train.py --config=configs/default.py:smoke --workdir=/tmp/smoke
+  python -m experiments.launch.train --config=configs/default.py --workdir=/tmp/rollouts_default
+  python -m experiments.launch.train --config=configs/default.py:smoke --workdir=/tmp/smoke
 
 A ~0.6M-parameter Llama-style policy with a character tokenizer is warm-started by SFT on
 worked addition (cached under ~/.cache/rollouts_jax/warmstart, reused by later runs), then

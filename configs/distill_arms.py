@@ -1,4 +1,4 @@
-r"""On-policy distillation in miniature: the arms of `experiments/distill_study.py`.
+r"""On-policy distillation in miniature: the arms of `experiments/studies/distill_study.py`.
 
 The reproduction miniature (`configs/repro_base.py`: 8 prompts a step, a 200-prompt held-out
 evaluation, here also every 20 steps for the learning curve) run for 160 RL steps instead of
@@ -37,7 +37,7 @@ the 600-step teacher's 0.40, and full-vocabulary OPD gained +0.02 in 160 steps),
 
 Add `,smoke` for a tiny model and one RL step (the test suite; `smoke` alone is the OPD arm's).
 
-  python experiments/train.py --config=configs/distill_arms.py:esr --workdir=/tmp/distill_esr
+  python -m experiments.launch.train --config=configs/distill_arms.py:esr --workdir=/tmp/distill_esr
 """
 
 import os

@@ -2,7 +2,7 @@ r"""Dr. GRPO (arXiv 2503.20783): group mean baseline, no std scaling, constant-l
 
 The default arithmetic task and policy with the `dr_grpo` advantage recipe.
 
-  python experiments/train.py --config=configs/dr_grpo.py --workdir=/tmp/rollouts_dr_grpo
+  python -m experiments.launch.train --config=configs/dr_grpo.py --workdir=/tmp/rollouts_dr_grpo
 """
 
 import os

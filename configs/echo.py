@@ -22,7 +22,7 @@ from 4 independent rows (with 1, the warm start branches so rarely that a prompt
 leaves of 8, too few votes); on 64 training prompts that gives 6.75 leaves a prompt, 192
 branches and 27 pruned rows. The update forms are ours (METHODS 9.4).
 
-  python experiments/train.py --config=configs/echo.py --workdir=/tmp/rollouts_echo
+  python -m experiments.launch.train --config=configs/echo.py --workdir=/tmp/rollouts_echo
 """
 
 import os

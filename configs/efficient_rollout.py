@@ -7,8 +7,8 @@ policy forwards a batch takes (`rollout/decode_steps`, `spec/accepted_tokens`). 
 which has no FP4 units, the drafter is fake-quantized and costs as much as the policy, so
 this measures acceptance, not speed.
 
-  python experiments/train.py --config=configs/efficient_rollout.py --workdir=/tmp/rollouts_efficient
-  python experiments/train.py --config=configs/efficient_rollout.py --config.rollout.generator=sample \
+  python -m experiments.launch.train --config=configs/efficient_rollout.py --workdir=/tmp/rollouts_efficient
+  python -m experiments.launch.train --config=configs/efficient_rollout.py --config.rollout.generator=sample \
       --config.rollout.generator_kwargs= --workdir=/tmp/rollouts_plain      # the baseline
 """
 

@@ -7,7 +7,7 @@ out (length control), and the advantage normalizes each source apart (`rl.advant
 External tokens are trained without an importance ratio (their log-probs are another
 policy's), so `rl.tis_cap` stays 0.
 
-  python experiments/train.py --config=configs/erils.py --workdir=/tmp/rollouts_erils
+  python -m experiments.launch.train --config=configs/erils.py --workdir=/tmp/rollouts_erils
 """
 
 import os

@@ -2,7 +2,7 @@ r"""GRPO (DeepSeekMath, arXiv 2402.03300): group mean baseline, group std scalin
 
 The default arithmetic task and policy with the `grpo` advantage recipe.
 
-  python experiments/train.py --config=configs/grpo.py --workdir=/tmp/rollouts_grpo
+  python -m experiments.launch.train --config=configs/grpo.py --workdir=/tmp/rollouts_grpo
 """
 
 import os

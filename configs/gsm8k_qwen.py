@@ -5,9 +5,9 @@ tokenizer.json, tokenizer_config.json) somewhere and pass it as the config argum
 GSM8K JSONL files in `data.manual_dir` (default: the shared benchmarks folder or
 $ROLLOUTS_JAX_BENCHMARKS).
 
-  python experiments/train.py --config=configs/gsm8k_qwen.py:/path/to/Qwen2.5-0.5B-Instruct \
+  python -m experiments.launch.train --config=configs/gsm8k_qwen.py:/path/to/Qwen2.5-0.5B-Instruct \
       --workdir=/tmp/rollouts_gsm8k
-  python experiments/train.py --config=configs/gsm8k_qwen.py:/path/to/ckpt,smoke ...
+  python -m experiments.launch.train --config=configs/gsm8k_qwen.py:/path/to/ckpt,smoke ...
 """
 
 from rollouts_jax.training.config import apply_smoke, base_config_dict

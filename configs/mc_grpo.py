@@ -2,7 +2,7 @@ r"""MC-GRPO (arXiv 2601.22582): median baseline over G+1 = 9 samples, the pivot 
 
 The default arithmetic task and policy with the `mc_grpo` advantage recipe.
 
-  python experiments/train.py --config=configs/mc_grpo.py --workdir=/tmp/rollouts_mc_grpo
+  python -m experiments.launch.train --config=configs/mc_grpo.py --workdir=/tmp/rollouts_mc_grpo
 """
 
 import os

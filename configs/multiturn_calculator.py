@@ -1,7 +1,7 @@
 r"""Multi-turn tool use: the small char model learns to call a calculator for 2-digit multiplication.
 
-  python experiments/train.py --config=configs/multiturn_calculator.py --workdir=/tmp/multiturn_calculator
-  python experiments/train.py --config=configs/multiturn_calculator.py:smoke --workdir=/tmp/smoke
+  python -m experiments.launch.train --config=configs/multiturn_calculator.py --workdir=/tmp/multiturn_calculator
+  python -m experiments.launch.train --config=configs/multiturn_calculator.py:smoke --workdir=/tmp/smoke
 
 Task `multiply_tool` ("What is 47 * 28?"), environment `calculator`: a turn that ends with
 `<tool_call>47*28</tool_call>` gets `<tool_result>1316</tool_result>` appended (computed by the

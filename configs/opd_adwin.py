@@ -5,7 +5,7 @@ student's 275; built once and cached). The student samples; the teacher scores e
 tokens; a token's advantage is log p_teacher - log p_student (the single-sample reverse
 KL), in place of a reward-based advantage. See METHODS 9.6 and `training/pipeline.py`.
 
-  python experiments/train.py --config=configs/opd_adwin.py --workdir=/tmp/rollouts_opd_adwin
+  python -m experiments.launch.train --config=configs/opd_adwin.py --workdir=/tmp/rollouts_opd_adwin
 """
 
 import os

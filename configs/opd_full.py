@@ -5,10 +5,10 @@ student's 275 scores its rollouts), but the update minimizes, at every completio
 the student's own rollouts, KL(student || teacher) over the whole vocabulary
 (`rollout.distill=opd_full`, `losses.full_reverse_kl`) instead of the single-sample advantage
 log p_teacher - log p_student of the sampled token. Learning rate 3e-4: in the distillation
-study (`experiments/results/distill.md`) this loss at 3e-4 over 320 steps closed 62% of the
+study (`experiments/studies/results/distill.md`) this loss at 3e-4 over 320 steps closed 62% of the
 held-out pass@1 gap to the teacher, where the single-sample form closed 21-39%.
 
-  python experiments/train.py --config=configs/opd_full.py --workdir=/tmp/rollouts_opd_full
+  python -m experiments.launch.train --config=configs/opd_full.py --workdir=/tmp/rollouts_opd_full
 """
 
 import os

@@ -7,7 +7,7 @@ prompts the reference always or never solves (`control.pvpo_presample`); `reward
 > 0 would recompute a prompt's anchors after that many steps. A group whose samples all agree
 still gets a gradient when it differs from its anchor.
 
-  python experiments/train.py --config=configs/pvpo.py --workdir=/tmp/rollouts_pvpo
+  python -m experiments.launch.train --config=configs/pvpo.py --workdir=/tmp/rollouts_pvpo
 """
 
 import os

@@ -1,4 +1,4 @@
-r"""The miniature every reproduction study starts from (`experiments/reproduce.py`).
+r"""The miniature every reproduction study starts from (`experiments/studies/reproduce.py`).
 
 The default arithmetic task, model and SFT warm start (`configs/default.py`), shrunk so one
 RL run takes a minute or two on one CPU core: 8 prompts a step, 80 RL steps, a 200-prompt
@@ -6,7 +6,7 @@ held-out evaluation (4 samples each at temperature 1). The learning rate stays t
 1.5e-4 (3e-4 with 8 prompts a step drove this policy's reward to 0 within 40 steps). Like the
 main job, the held-out accuracy first dips (about 30 steps) and then recovers.
 
-  python experiments/train.py --config=configs/repro_base.py --workdir=/tmp/repro_base
+  python -m experiments.launch.train --config=configs/repro_base.py --workdir=/tmp/repro_base
 
 `reproduce.py` runs every seed from one warm start (seed 0's, passed as a local checkpoint
 with `model.init=hf`), so seeds differ only in the RL run.

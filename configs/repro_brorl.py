@@ -8,7 +8,7 @@ that N = 128 stays affordable on one core):
   n128       N = 128, 60 steps
   n8_steps4  N = 8, 240 steps (4x the updates; the rollouts of n32)
 
-  python experiments/train.py --config=configs/repro_brorl.py:n128 --workdir=/tmp/repro_brorl
+  python -m experiments.launch.train --config=configs/repro_brorl.py:n128 --workdir=/tmp/repro_brorl
 """
 
 import os

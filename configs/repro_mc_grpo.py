@@ -8,7 +8,7 @@ sample left out of the loss), on the miniature of `configs/repro_base.py`:
   g8_mean    GRPO, G = 8
   g8_median  MC-GRPO, G + 1 = 9
 
-  python experiments/train.py --config=configs/repro_mc_grpo.py:g2_median --workdir=/tmp/repro_mc
+  python -m experiments.launch.train --config=configs/repro_mc_grpo.py:g2_median --workdir=/tmp/repro_mc
 """
 
 import os

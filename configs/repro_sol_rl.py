@@ -8,7 +8,7 @@ Arms, on the miniature of `configs/repro_base.py` (8 completions a prompt traine
   fp4_naive  8 NVFP4 samples a prompt, all trained on (no pool, no selection)
   mxfp4_naive  8 MXFP4 samples a prompt, all trained on
 
-  python experiments/train.py --config=configs/repro_sol_rl.py:fp4_subset --workdir=/tmp/repro_sol
+  python -m experiments.launch.train --config=configs/repro_sol_rl.py:fp4_subset --workdir=/tmp/repro_sol
 """
 
 import os

@@ -7,7 +7,7 @@ Arms, on the miniature of `configs/repro_base.py` with 8 samples a prompt:
 
 The held-out evaluation of both arms grades against the test split's answers.
 
-  python experiments/train.py --config=configs/repro_ttrl.py:ttrl --workdir=/tmp/repro_ttrl
+  python -m experiments.launch.train --config=configs/repro_ttrl.py:ttrl --workdir=/tmp/repro_ttrl
 """
 
 import os

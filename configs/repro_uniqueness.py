@@ -8,7 +8,7 @@ held-out pass@1 and pass@16 on 100 test prompts (16 samples each):
   uniqueness  GRPO with correct samples scaled by |strategy cluster|^-0.5, a strategy being
               the canonical structure of the expression (`tasks.Countdown.strategy`)
 
-  python experiments/train.py --config=configs/repro_uniqueness.py:uniqueness --workdir=/tmp/repro_uniq
+  python -m experiments.launch.train --config=configs/repro_uniqueness.py:uniqueness --workdir=/tmp/repro_uniq
 """
 
 import os

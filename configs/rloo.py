@@ -2,7 +2,7 @@ r"""RLOO (arXiv 2402.14740): leave-one-out mean baseline.
 
 The default arithmetic task and policy with the `rloo` advantage recipe.
 
-  python experiments/train.py --config=configs/rloo.py --workdir=/tmp/rollouts_rloo
+  python -m experiments.launch.train --config=configs/rloo.py --workdir=/tmp/rollouts_rloo
 """
 
 import os

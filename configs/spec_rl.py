@@ -5,8 +5,8 @@ a pool of 256 prompts visited once per 8 steps. From the second epoch on, the po
 last epoch's rollouts in one forward pass, accepts each token with probability
 min(1, e^0.5 * p_new / p_old), keeps the accepted prefix and decodes only the rest.
 
-  python experiments/train.py --config=configs/spec_rl.py --workdir=/tmp/rollouts_spec_rl
-  python experiments/train.py --config=configs/spec_rl.py --config.rollout.generator=sample ...  # the baseline
+  python -m experiments.launch.train --config=configs/spec_rl.py --workdir=/tmp/rollouts_spec_rl
+  python -m experiments.launch.train --config=configs/spec_rl.py --config.rollout.generator=sample ...  # the baseline
 """
 
 import os

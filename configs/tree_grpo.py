@@ -7,7 +7,7 @@ samples. The update gives each token its node's TreeRL advantage (G + L) / sqrt(
 instead of a per-sample group advantage. The thresholds suit the small arithmetic model
 (its median token entropy is 0.03 nats, the 90th percentile 0.40).
 
-  python experiments/train.py --config=configs/tree_grpo.py --workdir=/tmp/rollouts_tree
+  python -m experiments.launch.train --config=configs/tree_grpo.py --workdir=/tmp/rollouts_tree
 """
 
 import os

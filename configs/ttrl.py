@@ -5,7 +5,7 @@ group's majority answer (the task's extractor; answers the task judges equal are
 References are never read by the RL stages (the held-out evaluation still grades against
 the test split's answers). Votes over 16 samples per prompt.
 
-  python experiments/train.py --config=configs/ttrl.py --workdir=/tmp/rollouts_ttrl
+  python -m experiments.launch.train --config=configs/ttrl.py --workdir=/tmp/rollouts_ttrl
 """
 
 import os

@@ -4,7 +4,7 @@ A_i <- A_i + min(max(lam (1 - eta_i), 0), kappa |A_i|) for correct samples, with
 sample's likelihood (mean token log-prob) relative to its group; the loop supplies each
 sample's mean behaviour log-prob as `seq_logprobs`.
 
-  python experiments/train.py --config=configs/xrpo.py --workdir=/tmp/rollouts_xrpo
+  python -m experiments.launch.train --config=configs/xrpo.py --workdir=/tmp/rollouts_xrpo
 """
 
 import os

@@ -14,25 +14,18 @@ BENCHMARKS = pathlib.Path(os.environ.get("ROLLOUTS_JAX_BENCHMARKS") or REPO / "r
 
 
 import gc  # noqa: E402
-import importlib.util  # noqa: E402
-import sys  # noqa: E402
+import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 
 
 def load_script(name: str):
-  """`experiments/<name>.py` as module `name` in sys.modules (dataclasses look it up), its folder importable.
+  """The script module `experiments.<name>` (a dotted name: "studies.reproduce", "benchmarks.bench_gpu").
 
-  Test files import it with `from conftest import load_script`.
+  Tests may import it directly too (`from experiments.studies import reproduce`); pytest.ini puts
+  the repository root on sys.path.
   """
-  folder = str(REPO / "experiments")
-  if folder not in sys.path:
-    sys.path.insert(0, folder)
-  spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module(f"experiments.{name}")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -7,8 +7,9 @@
 >>> values, mask = advantages.apply(advantages.mc_grpo(), jnp.array([[0., 1., 1.]]))
 """
 from rollouts_jax.advantages import clustering
-from rollouts_jax.advantages.alias import (dr_grpo, erils, gpg, grpo, grpo_passk, mc_grpo, opo, pvpo,
+from rollouts_jax.advantages.alias import (dr_grpo, erils, gae, gpg, grpo, grpo_passk, mc_grpo, opo, pvpo,
                                            reinforce_pp, reinforce_pp_baseline, rloo, uniqueness_grpo, xrpo)
+from rollouts_jax.advantages.token_gae import GAESettings, gae_advantages, masked_whiten, outcome_token_rewards
 from rollouts_jax.advantages.base import (AdvantageTransform, ChainState, EmptyState, apply,
                                           chain)
 from rollouts_jax.advantages import tree
@@ -25,7 +26,10 @@ from rollouts_jax.advantages.transforms import (batch_std, best_of_group, clip, 
 
 #: The recipe names a config may use (`rl.advantage`).
 RECIPES = ("grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils",
-           "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg", "grpo_passk")
+           "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg", "grpo_passk", "gae")
+
+#: Recipes whose token advantages need the critic (`models.value`) in the train state.
+CRITIC_RECIPES = ("gae",)
 
 
 def build(name: str, **kwargs) -> AdvantageTransform:
@@ -36,7 +40,7 @@ def build(name: str, **kwargs) -> AdvantageTransform:
   >>> build("ppo")
   Traceback (most recent call last):
   ...
-  ValueError: Config key rl.advantage: unknown advantage recipe 'ppo'; known: grpo, dr_grpo, rloo, mc_grpo, uniqueness_grpo, xrpo, pvpo, erils, reinforce_pp, reinforce_pp_baseline, opo, gpg, grpo_passk.
+  ValueError: Config key rl.advantage: unknown advantage recipe 'ppo'; known: grpo, dr_grpo, rloo, mc_grpo, uniqueness_grpo, xrpo, pvpo, erils, reinforce_pp, reinforce_pp_baseline, opo, gpg, grpo_passk, gae.
   """
   if name not in RECIPES:
     raise ValueError(f"Config key rl.advantage: unknown advantage recipe {name!r}; known: {', '.join(RECIPES)}.")
@@ -53,7 +57,8 @@ __all__ = [
     "length_weighted_baseline", "whiten_batch", "gpg_scale", "best_of_group", "group_weighted_mean",
     "novelty_sharpen", "reference_anchor", "group_mean", "group_std", "group_median",
     "grpo", "dr_grpo", "rloo", "mc_grpo", "uniqueness_grpo", "xrpo", "pvpo", "erils", "per_source", "RECIPES", "build",
-    "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg", "grpo_passk",
+    "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg", "grpo_passk", "gae", "CRITIC_RECIPES",
+    "GAESettings", "gae_advantages", "masked_whiten", "outcome_token_rewards",
     "clustering", "cluster_by_answer", "cluster_by_judge", "llm_judge", "pairwise_judge",
     "tree", "tree_node_advantages", "echo_hybrid_advantages", "normalized_confidence", "mean_token_confidence",
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rollouts_jax.advantages import base
 from rollouts_jax.advantages import transforms as T
+from rollouts_jax.advantages.token_gae import GAESettings
 
 
 def grpo(eps: float = 1e-4, ddof: int = 1) -> base.AdvantageTransform:
@@ -322,3 +323,29 @@ def grpo_passk(eps: float = 1e-6, norm_by_std: bool = True) -> base.AdvantageTra
     [[0.0, 1.5, 0.0]]
   """
   return base.chain(T.best_of_group(eps=eps, norm_by_std=norm_by_std))
+
+
+def gae(gamma: float = 1.0, lam: float = 0.95) -> base.AdvantageTransform:
+  """PPO with a learned value function: GAE over the completion tokens (`advantages.token_gae`).
+
+  Schulman et al., 2016, "High-Dimensional Continuous Control Using Generalized Advantage
+  Estimation" (arXiv 1506.02438); verl's `compute_gae_advantage_return` (defaults gamma = 1,
+  lam = 0.95). This recipe is the per-sample part only: it passes each valid sample's outcome
+  reward through. The update (`rl.advantage="gae"`) puts that reward on the sample's last loss
+  token, takes V from the critic before the update and computes the token advantages and returns
+  there (`gae_advantages`).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from rollouts_jax import advantages
+    >>> advantages.apply(advantages.gae(), jnp.array([[1., 0.]]), mask=jnp.array([[True, False]]))[0].tolist()
+    [[1.0, 0.0]]
+  """
+  GAESettings(gamma, lam).check()
+
+  def update(values, *, mask=None, group_mask=None, **extra):
+    del extra
+    values, mask, _ = base.prepare(values, mask, group_mask)
+    return base.finish(values, mask), mask
+
+  return base.stateless(update)

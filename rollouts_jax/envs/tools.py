@@ -31,6 +31,7 @@ import dataclasses
 import decimal
 import operator
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -117,11 +118,19 @@ def _format(x) -> str:
   return str(x)
 
 
+# "x" / "×" written for multiplication: only between two operands (a number or a parenthesis).
+_TIMES = re.compile(r"(?<=[\d.)])\s*[x×]\s*(?=[\d.(])")
+
+
 def calculate(expression: str) -> str:
   """The value of an arithmetic expression as text, or an error observation (never raises).
 
+  `^` is read as `**`, and `x` or `×` between two operands as `*`.
+
   >>> calculate("7 / 2"), calculate("-3 + 10 // 4"), calculate("1/0")
   ('3.5', '-1', 'error: bad_arguments: division by zero')
+  >>> calculate("12 x 7"), calculate("(2)×3"), calculate("exp(2)")
+  ('84', '6', 'error: bad_arguments: unsupported expression: Call')
   """
   text = str(expression).strip()
   if not text:
@@ -129,7 +138,7 @@ def calculate(expression: str) -> str:
   if len(text) > MAX_EXPRESSION_CHARS:
     return error("bad_arguments", f"expression longer than {MAX_EXPRESSION_CHARS} characters")
   try:
-    tree = ast.parse(text.replace("^", "**").replace("x", "*").replace("×", "*"), mode="eval")
+    tree = ast.parse(_TIMES.sub("*", text.replace("^", "**")), mode="eval")
   except (SyntaxError, ValueError) as e:
     return error("bad_arguments", f"not an expression ({type(e).__name__})")
   try:

@@ -362,7 +362,8 @@ class Checkpointer:
   ([4, 6], [6, 6], {'pos': 6}, 6)
   """
 
-  def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int = 3, verify: bool = True):
+  def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int = 3, verify: bool = True,
+               active_processes: set[int] | None = None):
     if save_every < 0:
       raise ValueError(f"save_every must be >= 0, got {save_every}.")
     if keep < 1:
@@ -372,11 +373,19 @@ class Checkpointer:
     self.keep = keep
     self.verify = verify
     quiet_orbax_logs()
+    # A subset of the processes (a disaggregated run's trainers) checkpoints alone: orbax syncs only
+    # them, and host arrays are written as numpy (orbax refuses process-local jax arrays there).
+    self._subset = active_processes is not None and jax.process_count() > 1
+    subset = {}
+    if self._subset:
+      os.makedirs(self.directory, exist_ok=True)   # orbax cannot create it for a subset
+      subset = dict(multiprocessing_options=ocp.options.MultiprocessingOptions(
+          primary_host=min(active_processes), active_processes=set(active_processes)))
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=False,  # save() returns only once the step is final on disk
-        create=True,
+        create=not self._subset,
         cleanup_tmp_directories=True,      # drop half-written steps left by a killed run
-        **_preservation_options(keep))
+        **_preservation_options(keep), **subset)
     self._manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
@@ -423,7 +432,7 @@ class Checkpointer:
     try:
       saved = self._manager.save(
           step, force=True,
-          args=ocp.args.Composite(state=ocp.args.StandardSave(_keys_to_data(state)),
+          args=ocp.args.Composite(state=ocp.args.StandardSave(self._host(_keys_to_data(state))),
                                   meta=ocp.args.JsonSave(meta)))
       self._manager.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
@@ -433,6 +442,9 @@ class Checkpointer:
     if saved and _is_local(self.directory) and jax.process_index() == 0:
       write_checksums(self.step_dir(step))
     return bool(saved)
+
+  def _host(self, tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree) if self._subset else tree
 
   def _disk_full(self, step: int, state: PyTree) -> CheckpointDiskFullError:
     """Removes step `step`'s half-written files; the error naming the directory and the space."""
@@ -473,7 +485,8 @@ class Checkpointer:
         if os.path.exists(self.step_dir(step)):
           shutil.move(self.step_dir(step), dest)
           _log.warning("Moved damaged checkpoint step %d (%s) to %s.", step, reasons.get(step, "damaged"), dest)
-    _sync(f"rollouts_jax_quarantine_{'_'.join(map(str, steps))}")
+    if not self._subset:
+      _sync(f"rollouts_jax_quarantine_{'_'.join(map(str, steps))}")
     self._manager.reload()
 
   # ---- restore ---------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Policy objectives (PPO-clip / DAPO, GSPO, CISPO, SAPO, Clip-Cov, KL-Cov), KL estimators and
-controllers, distillation, shaping, aggregation.
+controllers, distillation, shaping, aggregation, PPO's clipped value loss.
 
 >>> import jax.numpy as jnp
 >>> from rollouts_jax import losses
@@ -17,10 +17,12 @@ from rollouts_jax.losses.kl_control import (KL_CONTROLLERS, KLController, KLCont
                                             kl_coef_state)
 from rollouts_jax.losses.policy import KIND_KWARGS, KINDS, TIS_MODES, check_kind_kwargs, policy_loss
 from rollouts_jax.losses.shaping import entropy_bonus, entropy_from_logits, overlong_penalty
+from rollouts_jax.losses.value import value_loss
 
 __all__ = [
     "AGG_MODES", "KINDS", "KL_KINDS", "TIS_MODES", "aggregate", "masked_mean", "kl_penalty", "policy_loss",
     "entropy_bonus", "entropy_from_logits", "overlong_penalty", "confidence_clip_ranges", "echo_policy_loss",
     "full_forward_kl", "full_reverse_kl", "KIND_KWARGS", "check_kind_kwargs", "KL_CONTROLLERS", "KLController",
     "KLControllerState", "adaptive_kl_controller", "fixed_kl_controller", "build_kl_controller", "kl_coef_state",
+    "value_loss",
 ]

@@ -7,7 +7,7 @@ from rollouts_jax.models.hf import load_hf_checkpoint, save_hf_checkpoint
 from rollouts_jax.models import lora
 from rollouts_jax.models.lora import merged as merge_lora
 from rollouts_jax.models.quantize import quantize_params
-from rollouts_jax.models.scoring import pick_and_entropy, token_logprobs, vocab_logprobs
+from rollouts_jax.models.scoring import batch_logprobs, pick_and_entropy, rows_logprobs, token_logprobs, vocab_logprobs
 from rollouts_jax.models.transformer import (KVCache, Params, compute_params, dense, forward, forward_with_cache,
                                              init_cache, init_params, param_axes, param_shapes,
                                              positions_from_mask, rms_norm, unembed)
@@ -18,4 +18,5 @@ __all__ = [
     "KVCache", "Params", "compute_params", "dense", "forward", "forward_with_cache", "init_cache",
     "init_params", "param_axes", "param_shapes", "positions_from_mask", "rms_norm", "unembed",
     "lora", "merge_lora", "quantize_params", "token_logprobs", "vocab_logprobs", "pick_and_entropy",
+    "batch_logprobs", "rows_logprobs",
 ]

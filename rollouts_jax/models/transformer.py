@@ -166,7 +166,8 @@ def _rope(x_BxTxHxD: jax.Array, positions_BxT: jax.Array, inv_freq: np.ndarray) 
   return out.astype(x_BxTxHxD.dtype)
 
 
-def _attend(cfg: ModelConfig, q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS) -> jax.Array:
+def attend(cfg: ModelConfig, q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS) -> jax.Array:
+  """Grouped-query attention of T queries over S keys where `mask` [B, T, S] is True; returns [B, T, H * D]."""
   B, T, H, D = q_BxTxHxD.shape
   K, G = cfg.num_kv_heads, cfg.num_groups
   q_BxTxKxGxD = q_BxTxHxD.reshape(B, T, K, G, D)
@@ -178,7 +179,8 @@ def _attend(cfg: ModelConfig, q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS) -> ja
   return out_BxTxKxGxD.reshape(B, T, H * D)
 
 
-def _qkv(cfg: ModelConfig, lp: Params, x_BxTxD, positions_BxT):
+def qkv(cfg: ModelConfig, lp: Params, x_BxTxD, positions_BxT):
+  """One layer's input norm and projections: rotary q [B, T, H, D], rotary k and v [B, T, K, D]."""
   B, T, _ = x_BxTxD.shape
   h = rms_norm(x_BxTxD, lp["input_norm"], cfg.rms_norm_eps)
   q, k, v = dense(h, lp["q"]), dense(h, lp["k"]), dense(h, lp["v"])
@@ -194,7 +196,8 @@ def _qkv(cfg: ModelConfig, lp: Params, x_BxTxD, positions_BxT):
   return _rope(q, positions_BxT, inv_freq), _rope(k, positions_BxT, inv_freq), v
 
 
-def _finish_layer(cfg: ModelConfig, lp: Params, x_BxTxD, attn_BxTxHD):
+def finish_layer(cfg: ModelConfig, lp: Params, x_BxTxD, attn_BxTxHD):
+  """The rest of a layer after attention: output projection, residual, post-norm MLP, residual."""
   out = dense(attn_BxTxHD, lp["o"])
   if cfg.o_bias:
     out = out + lp["o_bias"].astype(out.dtype)
@@ -204,11 +207,12 @@ def _finish_layer(cfg: ModelConfig, lp: Params, x_BxTxD, attn_BxTxHD):
   return x_BxTxD + mlp
 
 
-def _embed(params: Params, tokens_BxT, dtype):
+def embed(params: Params, tokens_BxT, dtype):
+  """Token embeddings [B, T, D] in `dtype`."""
   return jnp.take(params["embed"], tokens_BxT, axis=0).astype(dtype)
 
 
-def _activation_dtype(cfg: ModelConfig, params: Params):
+def activation_dtype(cfg: ModelConfig, params: Params):
   """The residual stream's dtype: `cfg.activation_dtype`, else the embedding's."""
   return jnp.dtype(cfg.activation_dtype) if cfg.activation_dtype else params["embed"].dtype
 
@@ -262,11 +266,11 @@ def forward(cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask:
     positions = positions_from_mask(mask_BxL)
   causal_LxL = jnp.tril(jnp.ones((L, L), bool))
   attn_mask_BxLxL = causal_LxL[None] & mask_BxL[:, None, :]
-  x = _embed(params, tokens, _activation_dtype(cfg, params))
+  x = embed(params, tokens, activation_dtype(cfg, params))
 
   def layer(x_BxLxD, lp):
-    q, k, v = _qkv(cfg, lp, x_BxLxD, positions)
-    return _finish_layer(cfg, lp, x_BxLxD, _attend(cfg, q, k, v, attn_mask_BxLxL)), None
+    q, k, v = qkv(cfg, lp, x_BxLxD, positions)
+    return finish_layer(cfg, lp, x_BxLxD, attend(cfg, q, k, v, attn_mask_BxLxL)), None
 
   if cfg.remat:
     layer = jax.checkpoint(layer)
@@ -334,18 +338,18 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array, cach
   slots_S = jnp.arange(S)
   visible_TxS = slots_S[None, :] <= (cache.index + jnp.arange(T))[:, None]
   attn_mask_BxTxS = visible_TxS[None] & slot_mask_BxS[:, None, :]
-  x = _embed(params, tokens, _activation_dtype(cfg, params))
+  x = embed(params, tokens, activation_dtype(cfg, params))
 
   def layer(carry, inputs):
     x_BxTxD, k_all, v_all = carry
     lp, l = inputs
-    q, k, v = _qkv(cfg, lp, x_BxTxD, positions_BxT)
+    q, k, v = qkv(cfg, lp, x_BxTxD, positions_BxT)
     k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), (l, 0, cache.index, 0, 0))
     v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), (l, 0, cache.index, 0, 0))
     k_BxSxKxD = jax.lax.dynamic_index_in_dim(k_all, l, 0, keepdims=False).astype(q.dtype)
     v_BxSxKxD = jax.lax.dynamic_index_in_dim(v_all, l, 0, keepdims=False).astype(q.dtype)
-    attn = _attend(cfg, q, k_BxSxKxD, v_BxSxKxD, attn_mask_BxTxS)
-    return (_finish_layer(cfg, lp, x_BxTxD, attn), k_all, v_all), None
+    attn = attend(cfg, q, k_BxSxKxD, v_BxSxKxD, attn_mask_BxTxS)
+    return (finish_layer(cfg, lp, x_BxTxD, attn), k_all, v_all), None
 
   (x, k_all, v_all), _ = jax.lax.scan(
       layer, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))

@@ -21,7 +21,7 @@ best-of-majority, soft self-consistency) work on one prompt's extracted answers:
     r = rewards.ttrl_reward(answers)
 """
 from rollouts_jax.rewards.arithmetic import arithmetic_reward
-from rollouts_jax.rewards.common import (
+from rollouts_jax.graders.common import (
     GraderTimeout,
     failure_counts,
     record_failure,
@@ -60,7 +60,7 @@ from rollouts_jax.rewards.label_free import (
     ttrl_reward,
 )
 from rollouts_jax.rewards.math_verifier import math_equal, math_reward
-from rollouts_jax.rewards.pool import (
+from rollouts_jax.graders.pool import (
     GraderFailureError,
     check_grader_health,
     is_inline_safe,

@@ -1,9 +1,11 @@
 """Arithmetic (and any task whose answer is one number in ``<answer>`` tags): exact match."""
 from __future__ import annotations
 
-from rollouts_jax.rewards import common, extract
+from rollouts_jax.graders import common, pool
+from rollouts_jax.rewards import extract
 
 
+@pool.mark_inline_safe  # pure Python over bounded text: may run in the training process
 def arithmetic_reward(completion: str, reference, *, timeout_s: float | None = 2.0) -> float:
     """1.0 when the last ``<answer>...</answer>`` holds exactly the reference number, else 0.0.
 

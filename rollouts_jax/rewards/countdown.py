@@ -14,7 +14,8 @@ import numbers as _numbers
 import re
 from typing import Optional, Sequence
 
-from rollouts_jax.rewards import common, extract
+from rollouts_jax.graders import common, pool
+from rollouts_jax.rewards import extract
 
 MAX_EXPRESSION_CHARS = 512
 MAX_NESTING = 64
@@ -214,6 +215,7 @@ def extract_countdown_answer(completion: str) -> Optional[str]:
     return text or None
 
 
+@pool.mark_inline_safe  # pure Python over bounded text: may run in the training process
 def countdown_reward(completion: str, reference, *, use_all: bool = True,
                      timeout_s: float | None = 2.0) -> float:
     """1.0 when the proposed expression uses the given numbers correctly and equals the target.

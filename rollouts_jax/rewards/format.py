@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import re
 
-from rollouts_jax.rewards import common, extract
+from rollouts_jax.graders import common, pool
+from rollouts_jax.rewards import extract
 
 FORMAT_STYLES = ("think_answer", "answer_tag", "boxed")
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -12,6 +13,7 @@ _THINK_ANSWER_RE = re.compile(
 _ANSWER_TAIL_RE = re.compile(r".*<answer>(?P<answer>.*?)</answer>\s*", re.DOTALL)
 
 
+@pool.mark_inline_safe  # pure Python over bounded text: may run in the training process
 def format_reward(completion: str, reference=None, *, style: str = "think_answer",
                   timeout_s: float | None = 2.0) -> float:
     """1.0 when the completion follows the template ``style``, else 0.0. ``reference`` is ignored.

@@ -23,7 +23,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from rollouts_jax.rewards import label_free, pool, registry
+from rollouts_jax.graders import pool
+from rollouts_jax.rewards import label_free, registry
 
 GROUP_TERMS = ("ttrl", "dare", "co_reward", "cat")
 _TERM_RE = re.compile(r"^\s*(?:(?P<w>[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)\s*\*\s*)?(?P<name>[A-Za-z_][\w]*)\s*$")

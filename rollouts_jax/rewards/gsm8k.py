@@ -4,7 +4,8 @@ from __future__ import annotations
 import fractions
 from typing import Optional
 
-from rollouts_jax.rewards import common, extract
+from rollouts_jax.graders import common, pool
+from rollouts_jax.rewards import extract
 
 _ANSWER_HINTS = ("answer is", "answer:", "answer =")
 
@@ -58,6 +59,7 @@ def gsm8k_answer(completion: str) -> Optional[fractions.Fraction]:
     return None
 
 
+@pool.mark_inline_safe  # pure Python over bounded text: may run in the training process
 def gsm8k_reward(completion: str, reference, *, timeout_s: float | None = 2.0) -> float:
     """1.0 when the completion's final number equals the GSM8K reference's, else 0.0.
 

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - exercised by tests/experiments/test_be
   class TimeoutException(Exception):
     """Stand-in: never raised when math-verify is missing (its graders then fail on use)."""
 
-from rollouts_jax.rewards import common
+from rollouts_jax.graders import common
 
 _UNICODE_FIXES = (("\u00b0", "^{\\circ}"), ("\u2212", "-"))
 _DELIMITED_RE = re.compile(r"(?<!\\)\$|\\boxed|\\\(|\\\[")

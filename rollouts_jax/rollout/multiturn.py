@@ -34,7 +34,7 @@ from rollouts_jax import envs as envs_lib
 from rollouts_jax.advantages import turns as turns_lib
 from rollouts_jax.rollout import generators
 from rollouts_jax.sampling import multiturn as mt
-from rollouts_jax.sampling import sampler as sampler_lib
+from rollouts_jax.sampling.config import SamplingConfig
 from rollouts_jax.types import RolloutBatch
 
 
@@ -77,7 +77,7 @@ def _bucket(n: int, cap: int) -> int:
 
 
 def run_episodes(cfg, params, prompt_ids, prompt_mask, examples: Sequence[dict], env: envs_lib.Env, tokenizer,
-                 config: sampler_lib.SamplingConfig, key: jax.Array, settings: envs_lib.EnvSettings, *,
+                 config: SamplingConfig, key: jax.Array, settings: envs_lib.EnvSettings, *,
                  mode: str = "kv") -> Episodes:
   """N episodes of `env` per prompt, decoded turn by turn from the KV cache.
 
@@ -164,19 +164,24 @@ def run_episodes(cfg, params, prompt_ids, prompt_mask, examples: Sequence[dict],
 
 
 def to_batch(ep: Episodes, B: int, N: int, *, prompt_index, version: int, credit: str = "trajectory",
-             gamma: float = 1.0) -> RolloutBatch:
-  """The episodes as a `RolloutBatch` [B, N, T], rewards the sum of each trajectory's turn rewards."""
+             gamma: float = 1.0, budget=None) -> RolloutBatch:
+  """The episodes as a `RolloutBatch` [B, N, T], rewards the sum of each trajectory's turn rewards.
+
+  With a selector's `budget` (int [B]) only each group's first budget[b] samples are live
+  (`sample_mask`), and turn credit is normalised among them alone.
+  """
   T = ep.tokens.shape[1]
   K = ep.turn_rewards.shape[1]
   g = lambda x: x.reshape((B, N) + x.shape[1:])
   tr, tm = g(ep.turn_rewards), g(ep.turn_mask)
-  adv = turns_lib.credit(credit, tr, tm, g(ep.turn_ids), gamma=gamma)
+  live = np.ones((B, N), bool) if budget is None else np.arange(N)[None, :] < np.asarray(budget)[:, None]
+  adv = turns_lib.credit(credit, tr, tm, g(ep.turn_ids), gamma=gamma, sample_mask=live)
   del K
   return RolloutBatch(
       prompt_ids=ep.prompt_ids.astype(np.int32), prompt_mask=ep.prompt_mask.astype(bool),
       completion_ids=g(ep.tokens).astype(np.int32), completion_mask=g(ep.mask).astype(bool),
       behaviour_logprobs=g(ep.logprobs).astype(np.float32), policy_version=np.full((B, N, T), version, np.int32),
-      rewards=turns_lib.trajectory_rewards(tr, tm), sample_mask=np.ones((B, N), bool),
+      rewards=turns_lib.trajectory_rewards(tr, tm), sample_mask=live,
       prompt_index=np.asarray(prompt_index, np.int32), entropy=g(ep.entropy).astype(np.float32),
       token_advantages=adv)
 
@@ -232,7 +237,7 @@ def multiturn(ctx: generators.GeneratorContext, mode: str = "kv") -> generators.
                       settings, mode=mode)
     B, N = len(examples), ctx.sampling.num_samples
     batch = to_batch(ep, B, N, prompt_index=prompts.index, version=version, credit=settings.credit,
-                     gamma=settings.gamma)
+                     gamma=settings.gamma, budget=prompts.budget)
     return batch, state, episode_stats(ep, env)
 
   def update(state, batch, *, version: int, **extra):

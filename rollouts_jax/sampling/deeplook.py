@@ -32,7 +32,8 @@ import jax.numpy as jnp
 
 from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
-from rollouts_jax.sampling import sampler as _s
+from rollouts_jax.sampling import engine
+from rollouts_jax.sampling.config import SampleOutput, SamplingConfig, bucket_length, check_prompts, left_pad_to
 from rollouts_jax.sampling.tree import token_stats
 
 
@@ -163,16 +164,16 @@ def _look_step(cfg, config, look: DeepLookConfig, params, prefix, row_keys_R, vi
   # ----- the usual sampling step on every live row
   live = ~d.done_R
   conf_RxT = jax.lax.dynamic_update_index_in_dim(st.conf_RxT, jnp.where(live, C[src], 0.0), t, axis=1)
-  u = _s._row_uniforms(row_keys_R, t)  # pylint: disable=protected-access
-  token, lp, plp, ent = _s._choose_u(d.logits_RxV, u, config)  # pylint: disable=protected-access
+  u = engine.row_uniforms(row_keys_R, t)
+  token, lp, plp, ent = engine.choose(d.logits_RxV, u, config)
   token = jnp.where(live, token, config.pad_id)
   zero = jnp.zeros_like(lp)
   put = lambda buf, val: jax.lax.dynamic_update_index_in_dim(buf, val, t, axis=1)
   done = d.done_R
   if config.eos_ids:
     done = done | jnp.isin(token, jnp.asarray(config.eos_ids, jnp.int32))
-  logits, kt, v = _s._decode_forward(cfg, config, params, prefix, d, token, view)  # pylint: disable=protected-access
-  dec = _s._DecodeState(  # pylint: disable=protected-access
+  logits, kt, v = engine.decode_forward(cfg, config, params, prefix, d, token, view)
+  dec = engine.DecodeState(
       step=t + 1, kt=kt, v=v, logits_RxV=logits, tokens_RxT=put(d.tokens_RxT, token),
       logprobs_RxT=put(d.logprobs_RxT, jnp.where(live, lp, zero)),
       policy_logprobs_RxT=put(d.policy_logprobs_RxT, jnp.where(live, plp, zero)),
@@ -182,7 +183,7 @@ def _look_step(cfg, config, look: DeepLookConfig, params, prefix, row_keys_R, vi
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _deeplook_jit(cfg: ModelConfig, config: _s.SamplingConfig, look: DeepLookConfig, params: Params, prompt_ids,
+def _deeplook_jit(cfg: ModelConfig, config: SamplingConfig, look: DeepLookConfig, params: Params, prompt_ids,
                   prompt_mask, key):
   B, P = prompt_ids.shape
   N, T, k = config.num_samples, config.max_new_tokens, look.k
@@ -193,20 +194,20 @@ def _deeplook_jit(cfg: ModelConfig, config: _s.SamplingConfig, look: DeepLookCon
   cache = models.init_cache(cfg, B, P, cache_dtype)
   logits_Bx1xV, cache = models.forward_with_cache(cfg, params, prompt_ids, cache, prompt_mask, last_only=True)
   to_heads = lambda x: tuple(jnp.transpose(x[l], (0, 2, 1, 3)) for l in range(L))
-  layer_params = tuple(jax.tree.map(lambda a, l=l: a[l], params["layers"]) for l in range(L))
+  layer_params = engine.layer_params(cfg, params)
   rep = lambda x: jnp.repeat(x, N * k, axis=0)
-  prefix = _s._Prefix(layers=layer_params, k=to_heads(cache.k), v=to_heads(cache.v), mask=prompt_mask,  # pylint: disable=protected-access
-                      positions_R=rep(cache.next_pos))
+  prefix = engine.Prefix(layers=layer_params, k=to_heads(cache.k), v=to_heads(cache.v), mask=prompt_mask,
+                         positions_R=rep(cache.next_pos))
   # Row 0 of a family draws from the stream `sampling.sample` gives that sample; the others
   # from streams past every sample's.
   fam = jnp.arange(F)
   j = jnp.arange(k)
   ids = jnp.where(j[None] == 0, fam[:, None], B * N + fam[:, None] * k + j[None]).reshape(-1)
   row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
-  views = _s.cache_views(T, config.length_segments)
+  views = engine.cache_views(T, config.length_segments)
   zeros = jnp.zeros((R, T), jnp.float32)
   idle = jnp.tile(j > 0, F)
-  dec = _s._DecodeState(  # pylint: disable=protected-access
+  dec = engine.DecodeState(
       step=jnp.zeros((), jnp.int32),
       kt=tuple(jnp.zeros((R, K, Dh, views[0]), cache_dtype) for _ in range(L)),
       v=tuple(jnp.zeros((R, K, views[0], Dh), cache_dtype) for _ in range(L)),
@@ -234,9 +235,9 @@ def _deeplook_jit(cfg: ModelConfig, config: _s.SamplingConfig, look: DeepLookCon
   src = jnp.where(running, main + best, main)
   take = lambda x: jnp.take(x, src, axis=0).reshape((B, N) + x.shape[1:])
   mask = take(d.mask_RxT)
-  out = _s.SampleOutput(completion_ids=take(d.tokens_RxT), completion_mask=mask,
-                        logprobs=take(d.logprobs_RxT), policy_logprobs=take(d.policy_logprobs_RxT),
-                        entropy=take(d.entropy_RxT), lengths=jnp.sum(mask, axis=-1, dtype=jnp.int32))
+  out = SampleOutput(completion_ids=take(d.tokens_RxT), completion_mask=mask,
+                     logprobs=take(d.logprobs_RxT), policy_logprobs=take(d.policy_logprobs_RxT),
+                     entropy=take(d.entropy_RxT), lengths=jnp.sum(mask, axis=-1, dtype=jnp.int32))
   conf = jnp.where(mask, take(st.conf_RxT), 0.0)
   n = jnp.maximum(out.lengths, 1)
   info = DeepLookInfo(confidence=jnp.sum(conf, axis=-1) / n, mean_logprob=jnp.sum(out.policy_logprobs, axis=-1) / n,
@@ -246,7 +247,7 @@ def _deeplook_jit(cfg: ModelConfig, config: _s.SamplingConfig, look: DeepLookCon
 
 
 def deeplook_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, key: jax.Array,
-                    config: _s.SamplingConfig, look: DeepLookConfig = DeepLookConfig()):
+                    config: SamplingConfig, look: DeepLookConfig = DeepLookConfig()):
   """N samples per prompt decoded with confidence-triggered lookahead.
 
   Args:
@@ -262,13 +263,13 @@ def deeplook_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, k
   out, info = deeplook_sample(cfg, params, ids, mask, jax.random.key(0),
                               SamplingConfig(num_samples=8, max_new_tokens=32, eos_id=2))
   """
-  if not isinstance(config, _s.SamplingConfig) or not isinstance(look, DeepLookConfig):
+  if not isinstance(config, SamplingConfig) or not isinstance(look, DeepLookConfig):
     raise TypeError("config must be a SamplingConfig and look a DeepLookConfig.")
   if prompt_ids.ndim != 2 or prompt_mask.shape != prompt_ids.shape:
     raise ValueError(f"prompt_ids and prompt_mask must both be [B, P]; got {prompt_ids.shape} and {prompt_mask.shape}.")
-  P_bucket = _s.bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
-  _s._check_prompts(cfg, config, prompt_ids, prompt_mask)  # pylint: disable=protected-access
-  prompt_ids, prompt_mask = _s.left_pad_to(prompt_ids, prompt_mask, P_bucket, config.pad_id)
+  P_bucket = bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
+  check_prompts(cfg, config, prompt_ids, prompt_mask)
+  prompt_ids, prompt_mask = left_pad_to(prompt_ids, prompt_mask, P_bucket, config.pad_id)
   return _deeplook_jit(cfg, config, look, params, jnp.asarray(prompt_ids, jnp.int32),
                        jnp.asarray(prompt_mask, bool), key)
 

@@ -18,7 +18,7 @@ Observation positions keep `mask` False and log-prob 0: they are context, not ac
 
 `append(..., mode="reprefill")` is the baseline that the KV continuation saves: it re-runs
 the prompt and the whole history of every row through the model after each observation
-(`experiments/bench_multiturn.py` times one against the other). Both modes sample the same
+(`experiments/benchmarks/bench_multiturn.py` times one against the other). Both modes sample the same
 tokens from the same key (each row draws its uniform by completion position).
 """
 
@@ -33,8 +33,10 @@ import numpy as np
 
 from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
-from rollouts_jax.models import transformer as _tf
-from rollouts_jax.sampling import sampler as _s
+from rollouts_jax.kernels import decode_attention
+from rollouts_jax.models import transformer
+from rollouts_jax.sampling import engine
+from rollouts_jax.sampling.config import SamplingConfig, bucket_length, check_prompts, left_pad_to
 
 MODES = ("kv", "reprefill")
 
@@ -72,13 +74,9 @@ class Conversations:
   done: jax.Array
 
 
-def _layers(cfg: ModelConfig, params: Params) -> tuple:
-  return tuple(jax.tree.map(lambda a, l=l: a[l], params["layers"]) for l in range(cfg.num_layers))
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _start_jit(cfg: ModelConfig, config: _s.SamplingConfig, params: Params, prompt_ids, prompt_mask):
-  prompt_k, prompt_v, first_BxV, next_pos = _s._prompt_prefill_jit(cfg, config, params, prompt_ids, prompt_mask)  # pylint: disable=protected-access
+def _start_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, prompt_ids, prompt_mask):
+  prompt_k, prompt_v, first_BxV, next_pos = engine.prefill(cfg, config, params, prompt_ids, prompt_mask)
   B, N, T = prompt_ids.shape[0], config.num_samples, config.max_new_tokens
   R, K, Dh = B * N, cfg.num_kv_heads, cfg.head_dim
   dtype = prompt_k[0].dtype
@@ -92,7 +90,7 @@ def _start_jit(cfg: ModelConfig, config: _s.SamplingConfig, params: Params, prom
       length=jnp.zeros((R,), jnp.int32), done=jnp.zeros((R,), bool))
 
 
-def start(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, config: _s.SamplingConfig) -> Conversations:
+def start(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, config: SamplingConfig) -> Conversations:
   """N empty conversations per prompt: each prompt bucketed, left-padded and prefilled once.
 
   Args:
@@ -103,30 +101,30 @@ def start(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, config: _s.
   Returns:
     `Conversations` with no completion tokens yet.
   """
-  _s._check_prompts(cfg, config, prompt_ids, prompt_mask)  # pylint: disable=protected-access
-  ids, mask = _s.left_pad_to(prompt_ids, prompt_mask, _s.bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets),
-                             config.pad_id)
+  check_prompts(cfg, config, prompt_ids, prompt_mask)
+  ids, mask = left_pad_to(prompt_ids, prompt_mask, bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets),
+                          config.pad_id)
   return _start_jit(cfg, config, params, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, bool))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _decode_turn_jit(cfg: ModelConfig, config: _s.SamplingConfig, params: Params, conv: Conversations, key,
+def _decode_turn_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, conv: Conversations, key,
                      turn_tokens, stop_ids_SxL, stop_len_S):
   params = models.compute_params(cfg, params)
   B = conv.prompt_mask.shape[0]
   R, T = conv.tokens.shape
   N = R // B
   row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(R, dtype=jnp.int32))
-  prefix = _s._Prefix(layers=_layers(cfg, params), k=conv.prompt_k, v=conv.prompt_v, mask=conv.prompt_mask,  # pylint: disable=protected-access
-                      positions_R=jnp.repeat(conv.next_pos, N), offset_R=conv.length)
-  state = _s._DecodeState(  # pylint: disable=protected-access
+  prefix = engine.Prefix(layers=engine.layer_params(cfg, params), k=conv.prompt_k, v=conv.prompt_v,
+                         mask=conv.prompt_mask, positions_R=jnp.repeat(conv.next_pos, N), offset_R=conv.length)
+  state = engine.DecodeState(
       step=jnp.zeros((), jnp.int32), kt=conv.kt, v=conv.v, logits_RxV=conv.logits, tokens_RxT=conv.tokens,
       logprobs_RxT=conv.logprobs, policy_logprobs_RxT=conv.policy_logprobs, entropy_RxT=conv.entropy,
       mask_RxT=conv.mask, done_R=conv.done | (conv.length >= T))
   S, L = stop_ids_SxL.shape
 
   def body(s):
-    nxt = _s._resume_step(cfg, config, params, prefix, row_keys, s)  # pylint: disable=protected-access
+    nxt = engine.resume_step(cfg, config, params, prefix, row_keys, s)
     done = nxt.done_R | (nxt.step >= turn_tokens)
     if S:   # a stop sequence that ends at the position just written and starts inside this turn
       pos = conv.length + s.step
@@ -159,7 +157,7 @@ def stop_array(stop_ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
   return arr, np.asarray([len(s) for s in stop_ids], np.int32)
 
 
-def decode_turn(cfg: ModelConfig, params: Params, conv: Conversations, key: jax.Array, config: _s.SamplingConfig, *,
+def decode_turn(cfg: ModelConfig, params: Params, conv: Conversations, key: jax.Array, config: SamplingConfig, *,
                 turn_tokens: int = 0, stop_ids: list[list[int]] | None = None) -> Conversations:
   """One policy turn of every row not `done`: decode until EOS, a stop sequence, `turn_tokens` or a full row.
 
@@ -210,26 +208,26 @@ def _append_jit(cfg: ModelConfig, params: Params, conv: Conversations, obs_ids_R
   conv, slot, slot_w = _write_obs(conv, obs_ids_RxO, obs_len_R)
   rows = jnp.arange(R)[:, None]
   positions = jnp.repeat(conv.next_pos, N)[:, None] + slot
-  x = _tf._embed(params, jnp.where(slot_w < T, obs_ids_RxO, 0), _tf._activation_dtype(cfg, params))  # pylint: disable=protected-access
+  x = transformer.embed(params, jnp.where(slot_w < T, obs_ids_RxO, 0), transformer.activation_dtype(cfg, params))
   visible = (jnp.arange(T)[None, None, :] <= slot[:, :, None])                        # [R, O, S]
   scale = Dh ** -0.5
   kts, vs = list(conv.kt), list(conv.v)
-  for l, lp in enumerate(_layers(cfg, params)):
-    q, k, v = _tf._qkv(cfg, lp, x, positions)  # pylint: disable=protected-access
+  for l, lp in enumerate(engine.layer_params(cfg, params)):
+    q, k, v = transformer.qkv(cfg, lp, x, positions)
     kts[l] = kts[l].at[rows, :, :, slot_w].set(k.astype(kts[l].dtype), mode="drop")
     vs[l] = vs[l].at[rows, :, slot_w, :].set(v.astype(vs[l].dtype), mode="drop")
     qb = q.reshape(B, N, O, K, G, Dh)
     s1 = jnp.einsum("bnokgd,bkpd->bnkogp", qb, conv.prompt_k[l].astype(q.dtype), preferred_element_type=jnp.float32)
-    s1 = jnp.where(conv.prompt_mask[:, None, None, None, None, :], s1 * scale, _s._cascade.NEG_INF)  # pylint: disable=protected-access
+    s1 = jnp.where(conv.prompt_mask[:, None, None, None, None, :], s1 * scale, decode_attention.NEG_INF)
     s1 = s1.reshape(R, K, O, G, -1)
     qr = q.reshape(R, O, K, G, Dh)
     s2 = jnp.einsum("rokgd,rkds->rkogs", qr, kts[l].astype(q.dtype), preferred_element_type=jnp.float32)
-    s2 = jnp.where(visible[:, None, :, None, :], s2 * scale, _s._cascade.NEG_INF)  # pylint: disable=protected-access
-    p1, p2 = _s._two_part_softmax(s1, s2)  # pylint: disable=protected-access
+    s2 = jnp.where(visible[:, None, :, None, :], s2 * scale, decode_attention.NEG_INF)
+    p1, p2 = engine.two_part_softmax(s1, s2)
     o1 = jnp.einsum("bnkogp,bkpd->bnokgd", p1.reshape(B, N, K, O, G, -1), conv.prompt_v[l].astype(jnp.float32))
     o2 = jnp.einsum("rkogs,rksd->rokgd", p2, vs[l].astype(jnp.float32))
     o = o1.reshape(R, O, K, G, Dh) + o2
-    x = _tf._finish_layer(cfg, lp, x, o.reshape(R, O, K * G * Dh).astype(x.dtype))  # pylint: disable=protected-access
+    x = transformer.finish_layer(cfg, lp, x, o.reshape(R, O, K * G * Dh).astype(x.dtype))
   last = jnp.maximum(obs_len_R - 1, 0)
   h = jnp.take_along_axis(x, last[:, None, None], axis=1)
   logits = models.unembed(cfg, params, h)[:, 0]
@@ -239,21 +237,21 @@ def _append_jit(cfg: ModelConfig, params: Params, conv: Conversations, obs_ids_R
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("width",))
-def _reprefill_jit(cfg: ModelConfig, config: _s.SamplingConfig, params: Params, conv: Conversations, obs_ids_RxO,
+def _reprefill_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, conv: Conversations, obs_ids_RxO,
                    obs_len_R, *, width: int):
   """The baseline: the observation written, then the prompt and the first `width` slots of every row re-run."""
   conv, _, _ = _write_obs(conv, obs_ids_RxO, obs_len_R)
   length = conv.length + obs_len_R.astype(jnp.int32)
-  prompt_k, prompt_v, _, next_pos = _s._prompt_prefill_jit(cfg, config, params, conv.prompt_ids, conv.prompt_mask)  # pylint: disable=protected-access
+  prompt_k, prompt_v, _, next_pos = engine.prefill(cfg, config, params, conv.prompt_ids, conv.prompt_mask)
   params = models.compute_params(cfg, params)
   B = conv.prompt_mask.shape[0]
   R, T = conv.tokens.shape
   N = R // B
   b = jnp.arange(R) // N
   hist = conv.tokens[:, :width]
-  kts, vs, logits = _s._prefix_forward(cfg, params, tuple(x[b] for x in prompt_k), tuple(x[b] for x in prompt_v),  # pylint: disable=protected-access
-                                       conv.prompt_mask[b], next_pos[b], hist,
-                                       jnp.arange(width)[None, :] < length[:, None])
+  kts, vs, logits = engine.prefix_forward(cfg, params, tuple(x[b] for x in prompt_k), tuple(x[b] for x in prompt_v),
+                                          conv.prompt_mask[b], next_pos[b], hist,
+                                          jnp.arange(width)[None, :] < length[:, None])
   pad = T - width
   kt = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pad))).astype(conv.kt[0].dtype) for x in kts)
   v = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))).astype(conv.v[0].dtype) for x in vs)
@@ -262,7 +260,7 @@ def _reprefill_jit(cfg: ModelConfig, config: _s.SamplingConfig, params: Params, 
 
 
 def append(cfg: ModelConfig, params: Params, conv: Conversations, obs_ids_RxO, obs_len_R, *, mode: str = "kv",
-           config: _s.SamplingConfig | None = None) -> Conversations:
+           config: SamplingConfig | None = None) -> Conversations:
   """Appends each row's observation ids after its last token and readies the next turn's logits.
 
   Args:

@@ -33,9 +33,8 @@ import numpy as np
 
 from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
-from rollouts_jax.sampling import sampler
 from rollouts_jax.sampling.batch import teacher_forced_rows
-from rollouts_jax.sampling.sampler import SampleOutput, SamplingConfig
+from rollouts_jax.sampling.config import SampleOutput, SamplingConfig, bucket_length, left_pad_to, process_logits
 from rollouts_jax.control.subset import MODES, select_subset  # noqa: F401  (moved to CONTROL)
 
 
@@ -83,7 +82,7 @@ def _rescore_jit(cfg: ModelConfig, config: SamplingConfig, params: Params, promp
     ent = -jnp.sum(jnp.exp(policy_logp) * policy_logp, axis=-1)
     if config.is_greedy:
       return plp, jnp.zeros_like(plp), ent, jnp.zeros(plp.shape, bool)
-    processed = jax.nn.log_softmax(sampler.process_logits(logits_rxTxV, config), axis=-1)
+    processed = jax.nn.log_softmax(process_logits(logits_rxTxV, config), axis=-1)
     lp = jnp.take_along_axis(processed, targets, axis=-1)[..., 0]
     outside = jnp.isneginf(lp)
     # A token that the full-precision filters (top-k / top-p / min-p) exclude has no finite
@@ -130,8 +129,8 @@ def recompute_logprobs(cfg: ModelConfig, params: Params, prompt_ids: Any, prompt
     raise ValueError(f"prompts must be [B={B}, P] ids and mask; got {prompt_ids.shape} and {prompt_mask.shape}.")
   if num_chunks < 1 or (B * K) % num_chunks:
     raise ValueError(f"num_chunks={num_chunks} must divide B * k = {B * K}.")
-  P = sampler.bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
-  ids, mask = sampler.left_pad_to(prompt_ids, prompt_mask, P, config.pad_id)
+  P = bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
+  ids, mask = left_pad_to(prompt_ids, prompt_mask, P, config.pad_id)
   plp, lp, ent, outside = _rescore_jit(
       cfg, config, params, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, bool), samples.completion_ids,
       samples.completion_mask, num_chunks)

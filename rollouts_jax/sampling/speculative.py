@@ -38,7 +38,7 @@ EMA of the per-token acceptance rate (`choose_gamma`). Shapes are static (gamma_
 masks), so a call compiles once. Speculation is switched off for a call (plain
 `sampling.sample`) when it holds more than `max_spec_rows` rows, or when the expected gain
 (`expected_speedup`) of the acceptance estimate is below `min_expected_speedup`;
-`experiments/bench_rollout_reuse.py` measures where speculation pays.
+`experiments/benchmarks/bench_rollout_reuse.py` measures where speculation pays.
 
 Papers: SPEC-RL (arXiv 2509.23232; ShopeeLLM/Spec-RL, `spec_cut`); EfficientRollout
 (arXiv 2606.18967); speculative sampling (Leviathan et al. 2023, Chen et al. 2023).
@@ -57,9 +57,11 @@ import numpy as np
 
 from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
-from rollouts_jax.models import transformer as _tf
-from rollouts_jax.sampling import sampler
-from rollouts_jax.sampling.sampler import SampleOutput, SamplingConfig
+from rollouts_jax.models import transformer
+from rollouts_jax.sampling.config import (SampleOutput, SamplingConfig, bucket_length, check_prompts, left_pad_to,
+                                          mask_after_eos, process_logits)
+from rollouts_jax.sampling.generate import sample
+from rollouts_jax.sampling.resume import continue_from
 
 
 @flax.struct.dataclass
@@ -118,7 +120,7 @@ def _take(x_RxTxV: jax.Array, ids_RxT: jax.Array) -> jax.Array:
 def _sampling_logp(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   """Log of the sampling distribution (temperature / top-k / top-p / min-p), any leading shape."""
   shape = logits.shape
-  flat = sampler.process_logits(logits.reshape(-1, shape[-1]), config)
+  flat = process_logits(logits.reshape(-1, shape[-1]), config)
   return jax.nn.log_softmax(flat, axis=-1).reshape(shape)
 
 
@@ -132,7 +134,7 @@ def _eos_cut(ids, mask, eos_ids):
   """`mask` cut after each row's first EOS (an EOS at a masked-out slot does not count)."""
   if not eos_ids:
     return mask
-  return mask & sampler.mask_after_eos(jnp.where(mask, ids, -1), eos_ids)
+  return mask & mask_after_eos(jnp.where(mask, ids, -1), eos_ids)
 
 
 # ----------------------------------------------------------------------------- SPEC-RL verify
@@ -320,9 +322,9 @@ def speculative_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask
   dids = np.asarray(jax.device_get(drafts.ids))
   if dmask.any() and (dids[dmask].min() < 0 or dids[dmask].max() >= cfg.vocab_size):
     raise ValueError(f"draft token ids must be in [0, vocab_size={cfg.vocab_size}).")
-  sampler._check_prompts(cfg, config, prompt_ids, prompt_mask)  # pylint: disable=protected-access
-  P = sampler.bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
-  ids, pmask = sampler.left_pad_to(prompt_ids, prompt_mask, P, config.pad_id)
+  check_prompts(cfg, config, prompt_ids, prompt_mask)
+  P = bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
+  ids, pmask = left_pad_to(prompt_ids, prompt_mask, P, config.pad_id)
   ids, pmask = jnp.asarray(ids, jnp.int32), jnp.asarray(pmask, bool)
   d_ids = jnp.asarray(dids, jnp.int32)
   d_mask = _eos_cut(d_ids, jnp.asarray(dmask), config.eos_ids)
@@ -356,7 +358,7 @@ def speculative_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask
   rows = _row_bucket(todo.size)
   sel = np.concatenate([todo, np.full(rows - todo.size, todo[0])])
   flat = lambda x: jnp.asarray(x).reshape((B * N,) + tuple(x.shape[2:]))[sel][:, None]
-  cont = sampler.continue_from(
+  cont = continue_from(
       cfg, params, jnp.repeat(ids, N, axis=0)[sel], jnp.repeat(pmask, N, axis=0)[sel], flat(pre_ids), flat(pre_mask),
       k_continue, config.replace(num_samples=1), prefix_logprobs=flat(pre_lp), prefix_policy_logprobs=flat(pre_plp),
       prefix_entropy=flat(pre_ent), finished=jnp.asarray(np.arange(rows) >= todo.size)[:, None])
@@ -425,14 +427,14 @@ def _layers(params):
 
 def _run_tokens(cfg, params, layers, k_cache, v_cache, tokens_RxM, positions_RxM, slot_R, visible_RxMxS):
   """Runs M tokens per row, writing their keys/values at slots [slot_R, slot_R + M); returns logits."""
-  x = _tf._embed(params, tokens_RxM, _tf._activation_dtype(cfg, params))  # pylint: disable=protected-access
+  x = transformer.embed(params, tokens_RxM, transformer.activation_dtype(cfg, params))
   put = jax.vmap(lambda c, new, s: jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0)))
   ks, vs = list(k_cache), list(v_cache)
   for l, lp in enumerate(layers):
-    q, k, v = _tf._qkv(cfg, lp, x, positions_RxM)  # pylint: disable=protected-access
+    q, k, v = transformer.qkv(cfg, lp, x, positions_RxM)
     ks[l], vs[l] = put(ks[l], k, slot_R), put(vs[l], v, slot_R)
-    attn = _tf._attend(cfg, q, ks[l].astype(q.dtype), vs[l].astype(q.dtype), visible_RxMxS)  # pylint: disable=protected-access
-    x = _tf._finish_layer(cfg, lp, x, attn)  # pylint: disable=protected-access
+    attn = transformer.attend(cfg, q, ks[l].astype(q.dtype), vs[l].astype(q.dtype), visible_RxMxS)
+    x = transformer.finish_layer(cfg, lp, x, attn)
   return models.unembed(cfg, params, x).astype(jnp.float32), tuple(ks), tuple(vs)
 
 
@@ -669,13 +671,13 @@ def self_speculative_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt
   rows = int(prompt_ids.shape[0]) * config.num_samples
   gain = expected_speedup(acceptance_ema, int(gamma_max), float(draft_cost))
   if (max_spec_rows is not None and rows > max_spec_rows) or gain < min_expected_speedup:
-    out = sampler.sample(cfg, params, prompt_ids, prompt_mask, key, config)
+    out = sample(cfg, params, prompt_ids, prompt_mask, key, config)
     return out, dict(speculated=False, rounds=0, draft_steps=0, draft_tokens=0, tested_tokens=0, accepted_tokens=0,
                      acceptance_rate=float("nan"), acceptance_ema=float(acceptance_ema),
                      decode_steps=int(np.asarray(out.lengths).max()))
-  sampler._check_prompts(cfg, config, prompt_ids, prompt_mask)  # pylint: disable=protected-access
-  P = sampler.bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
-  ids, pmask = sampler.left_pad_to(prompt_ids, prompt_mask, max(P, 2), config.pad_id)
+  check_prompts(cfg, config, prompt_ids, prompt_mask)
+  P = bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
+  ids, pmask = left_pad_to(prompt_ids, prompt_mask, max(P, 2), config.pad_id)
   if draft_params is None:
     draft_params = models.quantize_params(cfg, params, fmt)
   out, st = _self_spec_jit(cfg, config, params, draft_params, jnp.asarray(ids, jnp.int32), jnp.asarray(pmask, bool),

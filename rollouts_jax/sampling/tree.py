@@ -50,7 +50,9 @@ import numpy as np
 
 from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
-from rollouts_jax.sampling import sampler as _s
+from rollouts_jax.sampling import engine
+from rollouts_jax.sampling.config import (SampleOutput, SamplingConfig, bucket_length, check_prompts, left_pad_to,
+                                          process_logits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +159,7 @@ class TreeInfo:
 
 @flax.struct.dataclass
 class _TreeState:
-  dec: _s._DecodeState        # pylint: disable=protected-access
+  dec: engine.DecodeState
   conf_RxT: jax.Array
   active_R: jax.Array         # the row holds a path (root or forked), pruned or not
   pruned_R: jax.Array
@@ -208,7 +210,7 @@ def _gather_rows(tree, src_R):
   return jax.tree_util.tree_map(lambda x: jnp.take(x, src_R, axis=0), tree)
 
 
-def _tree_step(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, params: Params, prefix,
+def _tree_step(cfg: ModelConfig, config: SamplingConfig, tree: TreeConfig, params: Params, prefix,
                row_keys_R, view: int, B: int, M: int, st: _TreeState) -> _TreeState:
   d = st.dec
   t = d.step
@@ -247,7 +249,7 @@ def _tree_step(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, pa
   live_after = live & ~prune_now
   # ---------------------------------------------------------------- branching
   greedy = config.is_greedy
-  sample_logp = jax.nn.log_softmax(_s.process_logits(d.logits_RxV, config), axis=-1)
+  sample_logp = jax.nn.log_softmax(process_logits(d.logits_RxV, config), axis=-1)
   max_w = 1 if greedy else min(int(tree.max_width), d.logits_RxV.shape[-1])
   extra = jnp.zeros((R,), jnp.int32)
   if max_w > 1:
@@ -313,8 +315,8 @@ def _tree_step(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, pa
   branch_ent = jnp.where(is_child_R, carry["H"], st.branch_ent_R)
   last_branch = jnp.where(forked_R, t, st.last_branch_R)
   # ---------------------------------------------------------------- choose, write, forward
-  u = _s._row_uniforms(row_keys_R, t)  # pylint: disable=protected-access
-  token, lp, plp, ent = _s._choose_u(dec.logits_RxV, u, config)  # pylint: disable=protected-access
+  u = engine.row_uniforms(row_keys_R, t)
+  token, lp, plp, ent = engine.choose(dec.logits_RxV, u, config)
   if max_w > 1 and tree.branch_tokens == "top":
     rank_R = rank_BxM.reshape(-1)
     top = jax.lax.top_k(carry["sample_logp"], max_w)[1]
@@ -331,8 +333,8 @@ def _tree_step(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, pa
   done = dec.done_R
   if config.eos_ids:
     done = done | jnp.isin(token, jnp.asarray(config.eos_ids, jnp.int32))
-  logits, kt, v = _s._decode_forward(cfg, config, params, prefix, dec, token, view)  # pylint: disable=protected-access
-  dec = _s._DecodeState(  # pylint: disable=protected-access
+  logits, kt, v = engine.decode_forward(cfg, config, params, prefix, dec, token, view)
+  dec = engine.DecodeState(
       step=t + 1, kt=kt, v=v, logits_RxV=logits,
       tokens_RxT=put(dec.tokens_RxT, token),
       logprobs_RxT=put(dec.logprobs_RxT, jnp.where(live, lp, zero)),
@@ -369,7 +371,7 @@ def node_ids(split_BxMxM: jax.Array, leaf_mask_BxM: jax.Array, T: int) -> jax.Ar
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _tree_jit(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, params: Params, prompt_ids,
+def _tree_jit(cfg: ModelConfig, config: SamplingConfig, tree: TreeConfig, params: Params, prompt_ids,
               prompt_mask, key):
   B, P = prompt_ids.shape
   M, T = config.num_samples, config.max_new_tokens
@@ -380,18 +382,18 @@ def _tree_jit(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, par
   cache = models.init_cache(cfg, B, P, cache_dtype)
   logits_Bx1xV, cache = models.forward_with_cache(cfg, params, prompt_ids, cache, prompt_mask, last_only=True)
   to_heads = lambda x: tuple(jnp.transpose(x[l], (0, 2, 1, 3)) for l in range(L))
-  layer_params = tuple(jax.tree.map(lambda a, l=l: a[l], params["layers"]) for l in range(L))
+  layer_params = engine.layer_params(cfg, params)
   rep = lambda x: jnp.repeat(x, M, axis=0)
-  prefix = _s._Prefix(layers=layer_params, k=to_heads(cache.k), v=to_heads(cache.v), mask=prompt_mask,  # pylint: disable=protected-access
-                      positions_R=rep(cache.next_pos))
+  prefix = engine.Prefix(layers=layer_params, k=to_heads(cache.k), v=to_heads(cache.v), mask=prompt_mask,
+                         positions_R=rep(cache.next_pos))
   # Row b * M + j draws from sample j of prompt b's stream, as in `sampling.sample`.
   sample_ids = (jnp.arange(B)[:, None] * M + jnp.arange(M)[None, :]).reshape(-1)
   row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(sample_ids)
-  views = _s.cache_views(T, config.length_segments)
+  views = engine.cache_views(T, config.length_segments)
   zeros = jnp.zeros((R, T), jnp.float32)
   init_rows = min(int(tree.init_rows), M)
   active = jnp.tile(jnp.arange(M) < init_rows, B)
-  dec = _s._DecodeState(  # pylint: disable=protected-access
+  dec = engine.DecodeState(
       step=jnp.zeros((), jnp.int32),
       kt=tuple(jnp.zeros((R, K, Dh, views[0]), cache_dtype) for _ in range(L)),
       v=tuple(jnp.zeros((R, K, views[0], Dh), cache_dtype) for _ in range(L)),
@@ -422,7 +424,7 @@ def _tree_jit(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, par
   group = lambda x: x.reshape(B, M, T)
   mask = group(d.mask_RxT) & leaf[..., None]
   zero_out = lambda x: jnp.where(mask, group(x), 0)
-  out = _s.SampleOutput(
+  out = SampleOutput(
       completion_ids=jnp.where(mask | leaf[..., None], group(d.tokens_RxT), config.pad_id),
       completion_mask=mask, logprobs=zero_out(d.logprobs_RxT), policy_logprobs=zero_out(d.policy_logprobs_RxT),
       entropy=zero_out(d.entropy_RxT), lengths=jnp.sum(mask, axis=-1, dtype=jnp.int32))
@@ -437,7 +439,7 @@ def _tree_jit(cfg: ModelConfig, config: _s.SamplingConfig, tree: TreeConfig, par
 
 
 def tree_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, key: jax.Array,
-                config: _s.SamplingConfig, tree: TreeConfig = TreeConfig()):
+                config: SamplingConfig, tree: TreeConfig = TreeConfig()):
   """Grows one tree of at most `config.num_samples` leaves per prompt (ECHO / TreeRL style).
 
   Args:
@@ -461,7 +463,7 @@ def tree_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, key: 
   int(info.generated_tokens.sum()) <= int(out.lengths.sum())
   # True
   """
-  if not isinstance(config, _s.SamplingConfig):
+  if not isinstance(config, SamplingConfig):
     raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}.")
   if not isinstance(tree, TreeConfig):
     raise TypeError(f"tree must be a TreeConfig, got {type(tree).__name__}.")
@@ -470,11 +472,11 @@ def tree_sample(cfg: ModelConfig, params: Params, prompt_ids, prompt_mask, key: 
                      f"and {prompt_mask.shape}.")
   if tree.init_rows > config.num_samples:
     raise ValueError(f"init_rows={tree.init_rows} exceeds num_samples={config.num_samples}.")
-  P_bucket = _s.bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
+  P_bucket = bucket_length(int(prompt_ids.shape[1]), config.prompt_buckets)
   if config.cache_len is not None and P_bucket + config.max_new_tokens > config.cache_len:
     raise ValueError(f"Prompt bucket {P_bucket} + max_new_tokens {config.max_new_tokens} exceeds the "
                      f"cache length {config.cache_len}.")
-  _s._check_prompts(cfg, config, prompt_ids, prompt_mask)  # pylint: disable=protected-access
-  prompt_ids, prompt_mask = _s.left_pad_to(prompt_ids, prompt_mask, P_bucket, config.pad_id)
+  check_prompts(cfg, config, prompt_ids, prompt_mask)
+  prompt_ids, prompt_mask = left_pad_to(prompt_ids, prompt_mask, P_bucket, config.pad_id)
   return _tree_jit(cfg, config, tree, params, jnp.asarray(prompt_ids, jnp.int32), jnp.asarray(prompt_mask, bool),
                    key)

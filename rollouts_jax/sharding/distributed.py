@@ -30,7 +30,9 @@ def _distributed_is_initialized() -> bool:
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None, *, local_device_ids: Sequence[int] | None = None,
-                           auto: bool | None = None, environ: Mapping[str, str] | None = None) -> bool:
+                           auto: bool | None = None, environ: Mapping[str, str] | None = None,
+                           initialization_timeout: int | None = None,
+                           heartbeat_timeout_seconds: int | None = None) -> bool:
   """Starts multi-process JAX (`jax.distributed.initialize`) when asked; else does nothing.
 
   Settings come from the arguments (e.g. absl flags), else from the environment:
@@ -47,6 +49,9 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     local_device_ids: devices this process drives (e.g. one GPU per process).
     auto: let JAX auto-detect the cluster when nothing is given.
     environ: the environment to read (default `os.environ`).
+    initialization_timeout: seconds to wait for every process to join (None: JAX's default).
+    heartbeat_timeout_seconds: seconds without a heartbeat before a process counts as dead
+      (None: JAX's default).
   Returns:
     True when this call initialized the distributed runtime.
   Raises:
@@ -84,8 +89,10 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     raise ValueError(f"num_processes must be >= 1, got {num_processes}.")
   if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
     raise ValueError(f"process_id {process_id} is outside [0, num_processes={num_processes}).")
+  timeouts = {k: v for k, v in (("initialization_timeout", initialization_timeout),
+                                 ("heartbeat_timeout_seconds", heartbeat_timeout_seconds)) if v is not None}
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                             process_id=process_id, local_device_ids=local_device_ids)
+                             process_id=process_id, local_device_ids=local_device_ids, **timeouts)
   return True
 
 

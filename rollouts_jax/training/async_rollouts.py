@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rollouts_jax.training.config import OLD_LOGPROBS  # noqa: F401  (its options, defined with the config)
-from rollouts_jax.training.rl_step import batch_logprobs
+from rollouts_jax.models import batch_logprobs
 
 
 def batch_version(step: int, max_staleness: int) -> int:
@@ -407,20 +407,23 @@ class RolloutProducer:
 
 
 
-def init_state(exp, params, *, threaded: bool = False) -> dict | None:
+def init_state(exp, params, *, threaded: bool = False, disaggregated: bool = False) -> dict | None:
   """The async part of the loop's checkpointed state (None when the run has none).
 
   The `max_staleness` versions a restarted producer needs (generated again from them, so a
   resumed run computes what an uninterrupted one does) and the EWMA proximal policy; copies,
   since the train step donates the params it is given.
 
+  `disaggregated`: the state of a run whose rollouts are other processes (`training.disaggregated`).
+
   Raises:
     ValueError: a producer thread (`max_staleness` > 0 or `threaded`) in a multi-process run.
   """
   eta, mode = exp.async_rl.max_staleness, exp.async_rl.old_logprobs
-  if (eta > 0 or threaded) and jax.process_count() > 1:
+  if (eta > 0 or threaded) and jax.process_count() > 1 and not disaggregated:
     raise ValueError("async_rl.max_staleness > 0 runs a producer thread, which needs a single process "
-                     f"({jax.process_count()} processes here); use the rollout mesh of one process.")
+                     f"({jax.process_count()} processes here); use the rollout mesh of one process, or "
+                     "rollout processes apart from the trainers (experiments/launch/cluster.py).")
   if eta <= 0 and mode != "ewma":
     return None
   state = {}

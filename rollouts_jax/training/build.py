@@ -15,10 +15,10 @@ from typing import Sequence
 import jax
 
 from rollouts_jax import control, models, replay, rewards, sampling, tasks
-from rollouts_jax.training import pipeline as pipeline_lib
+from rollouts_jax.rollout import extras as rollout_extras
+from rollouts_jax.rollout.pipeline import RolloutPipeline
 from rollouts_jax.training.config import ExperimentConfig, deeplook_settings, env_settings, parse_kwargs
 from rollouts_jax.training.evaluation import Evaluator, Prompter
-from rollouts_jax.training.pipeline import RolloutPipeline
 from rollouts_jax.training.policy import load_policy as _load_policy, prompt_instruction, warm_start as _warm_start
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
   conf = sampling_config(exp, tokenizer)
   ro = exp.rollout
   if ro.distill.endswith("_full"):   # before any teacher is built (the teacher shares the student's vocabulary)
-    pipeline_lib.check_full_kl_bytes(ro.distill, c.prompts_per_step * ro.num_samples * ro.max_new_tokens,
+    rollout_extras.check_full_kl_bytes(ro.distill, c.prompts_per_step * ro.num_samples * ro.max_new_tokens,
                                      cfg.vocab_size)
   teacher_cfg = teacher_params = None
   if ro.external_samples or ro.distill:  # ERILS / distillation: a local checkpoint or a longer-trained warm start

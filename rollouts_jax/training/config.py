@@ -195,7 +195,7 @@ class ControlConfig:
   dynamic_sampling: bool = False  # DAPO: keep groups whose rewards differ, refill up to the budget
   # Dynamic sampling's extra generations a step: -1 refills until the batch is full, as DAPO
   # does (a warning and a logged shortfall after 16 generations in a row with no informative
-  # group: `pipeline.STALL_REFILLS`);
+  # group: `rollout.pipeline.STALL_REFILLS`);
   # N >= 0 caps them, and a step that ends short logs `dynamic_sampling/shortfall`.
   max_refills: int = -1
 
@@ -212,7 +212,10 @@ class ReplayConfig:
 class RLConfig:
   """The update: everything `training.rl_step` reads, and nothing else (it is a static argument)."""
   steps: int = 100              # RL steps (the learning-rate schedule's length)
-  advantage: str = "grpo"       # a recipe in rollouts_jax.advantages (grpo, dr_grpo, rloo, mc_grpo, opo, gpg ...)
+  # A recipe in rollouts_jax.advantages (grpo, dr_grpo, rloo, mc_grpo, opo, gpg ...), or "gae": PPO
+  # with a learned value function (advantage_kwargs "gamma=1.0,lam=0.95", verl's defaults) and
+  # the critic_* settings below.
+  advantage: str = "grpo"
   advantage_kwargs: str = ""    # the recipe's keyword arguments, "key=value,key=value"
   loss_kind: str = "ppo_clip"   # ppo_clip, gspo, cispo, sapo, clip_cov, kl_cov
   # The loss kind's own settings, "key=value,..." (losses.KIND_KWARGS, verl's names and defaults):
@@ -264,6 +267,17 @@ class RLConfig:
   # each position of the student's rollouts. "reverse": KL(student || teacher) (GKD's on-policy
   # reverse KL); "forward": KL(teacher || student), a cross-entropy to the teacher's soft targets.
   distill_kl: str = "reverse"
+  # The critic of rl.advantage="gae" (`models.value`): a full-parameter value model initialised
+  # from the policy's trunk (adapters merged under LoRA) with a zero scalar head, in the train
+  # state and its checkpoints, with its own AdamW (the policy's schedule shape, warmup, weight
+  # decay and epsilon). Its loss is critic_loss_coef x verl's clipped value loss, each value
+  # kept within critic_cliprange_value of its value before the update (verl's cliprange_value).
+  # critic_warmup: the first RL steps train only the critic (verl's trainer.critic_warmup).
+  critic_learning_rate: float = 1e-3
+  critic_grad_clip: float = 1.0
+  critic_cliprange_value: float = 0.5
+  critic_loss_coef: float = 1.0
+  critic_warmup: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -815,6 +829,7 @@ def validate(cfg: ExperimentConfig) -> None:
   if rl.micro_batch_size and rows % rl.micro_batch_size:
     raise ValueError(f"Minibatch rows {rows} (control.prompts_per_step * rollout.num_samples / rl.num_minibatches)"
                      f" must be divisible by rl.micro_batch_size {rl.micro_batch_size}.")
+  _check_critic(cfg, gen)
   if rl.advantage.startswith("uniqueness") and rw.clusters == "strategy" and not task.has_strategies:
     raise ValueError(f"rl.advantage={rl.advantage!r} with reward.clusters='strategy' needs a task with solution "
                      f"strategies (countdown); task {cfg.data.task!r} has none: set reward.clusters='answer'.")
@@ -846,6 +861,30 @@ def validate(cfg: ExperimentConfig) -> None:
   for rule in (r.strip() for r in cfg.eval.selection.split(",") if r.strip()):
     _one_of(rule, ("bon", "bom", "soft_sc"), "eval.selection")
   deeplook_settings(cfg.eval)   # named errors for bad settings, before anything compiles
+
+
+def _check_critic(cfg: ExperimentConfig, gen) -> None:
+  """The `rl.critic_*` keys, and what `rl.advantage="gae"` (token advantages from a critic) combines with."""
+  rl, ro = cfg.rl, cfg.rollout
+  for key in ("critic_learning_rate", "critic_cliprange_value"):
+    _positive(getattr(rl, key), f"rl.{key}")
+  for key in ("critic_grad_clip", "critic_loss_coef", "critic_warmup"):
+    _positive(getattr(rl, key), f"rl.{key}", allow_zero=True)
+  if rl.advantage != "gae":
+    return
+  if rl.critic_warmup >= rl.steps:
+    raise ValueError(f"Config key rl.critic_warmup={rl.critic_warmup} must be < rl.steps={rl.steps}: the policy "
+                     "would never be trained.")
+  # Batches whose update reads per-token advantages or a teacher's distribution of their own.
+  for key, on in ((f"rollout.generator={ro.generator!r} (it sets per-token advantages)",
+                   "token_advantages" in gen.fields and ro.generator != "multiturn"),
+                  ("rollout.turn_credit='turn' (per-turn advantages)",
+                   ro.generator == "multiturn" and ro.turn_credit != "trajectory"),
+                  (f"rollout.distill={ro.distill!r} (the teacher's per-token signal)", bool(ro.distill)),
+                  ("rl.echo_shaping", bool(rl.echo_shaping)), ("rl.echo_clip", rl.echo_clip)):
+    if on:
+      raise ValueError(f"rl.advantage='gae' takes its token advantages from the critic; it does not combine with "
+                       f"{key}. Use another rl.advantage or turn that off.")
 
 
 def _validate_lora(cfg: ExperimentConfig) -> None:

@@ -34,7 +34,7 @@ from rollouts_jax.io.plots import plot_curves
 from rollouts_jax.training import placement as placement_lib
 from rollouts_jax.training.placement import Placement
 from rollouts_jax.training import workdir as workdir_lib
-from rollouts_jax.training.rl_step import init_train_state, rl_optimizer, rl_step
+from rollouts_jax.training.rl_step import rl_step, train_state_init
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   eval_key = jax.random.key(exp.seed + 1)
   # eval_shape -> shardings -> jit(init, out_shardings): each device writes only its shard of the state.
   train_state, state_shardings = sharding.init_sharded_state(
-      functools.partial(init_train_state, tx=rl_optimizer(exp.rl)), policy,
+      train_state_init(exp.rl), policy,
       placement.param_shardings if placement.active else None)
   state = {"train": train_state, "pipeline": pipeline.init_state()}
   async_state = async_rollouts.init_state(exp, train_state.params, threaded=threaded)

@@ -37,14 +37,22 @@ class Placement:
         log.info("Rollout mesh: %s", sharding.describe(self.roles.rollout_mesh))
 
   def state(self, state: TrainState) -> TrainState:
-    """The train state placed on the training mesh (params sharded by the rules, step replicated)."""
+    """The train state placed on the training mesh (params sharded by the rules, step replicated).
+
+    A critic (`rl.advantage="gae"`) is placed by the same rules: its leaves at the policy's paths
+    get the policy's shardings, its value head and counters are replicated.
+    """
     if not self.active:
       return state
     params = self.sharding.shard_params(state.params, self.param_shardings)
     opt_shardings = self.sharding.tree_shardings_like(state.opt_state, self.param_shardings, state.params)
     opt_state = jax.tree_util.tree_map(jax.device_put, state.opt_state, opt_shardings)
     replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-    return TrainState(step=jax.device_put(state.step, replicated), params=params, opt_state=opt_state)
+    critic = state.critic
+    if critic is not None:
+      critic = jax.tree_util.tree_map(
+          jax.device_put, critic, self.sharding.tree_shardings_like(critic, self.param_shardings, state.params))
+    return TrainState(step=jax.device_put(state.step, replicated), params=params, opt_state=opt_state, critic=critic)
 
   def params(self, params):
     return self.sharding.shard_params(params, self.param_shardings) if self.active else params

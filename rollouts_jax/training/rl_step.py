@@ -13,6 +13,12 @@ state stay as they were) and is reported in the metrics, as is the gap between t
 sampler's log-probs and the trainer's. With a LoRA policy (`models.lora`, `lora.rank` > 0)
 only the adapters are differentiated, clipped and optimized (`lora.partition`); the base
 rides in the state unchanged.
+
+With `rl.advantage="gae"` (PPO with a learned value function) the train state also holds a
+critic (`CriticState`: a full-parameter value model initialised from the policy's trunk,
+`models.value`, with its own optimizer, also under LoRA): the token advantages are GAE over the
+critic's values before the update (`advantages.gae_advantages`), and each minibatch also takes
+one critic step on the clipped value loss (`losses.value_loss`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ import optax
 from rollouts_jax import advantages as advantages_lib
 from rollouts_jax import losses, models
 from rollouts_jax.models import ModelConfig, Params
+from rollouts_jax.models.scoring import batch_logprobs  # noqa: F401  (the update's scorer, in one place)
 from rollouts_jax.models import lora as lora_lib
+from rollouts_jax.models import value as value_lib
 from rollouts_jax.sampling.batch import RolloutBatch, teacher_forced_rows
 from rollouts_jax.training.config import RLConfig, parse_kwargs
 
@@ -36,10 +44,19 @@ _SEQ_MODES = ("seq-mean-token-sum", "seq-mean-token-mean")
 
 
 @flax.struct.dataclass
+class CriticState:
+  """PPO's value model: its params (`models.value.init_critic`), optimizer state and updates applied."""
+  step: jax.Array       # int32 scalar: critic updates applied
+  params: Params
+  opt_state: Any
+
+
+@flax.struct.dataclass
 class TrainState:
   step: jax.Array       # int32 scalar: optimizer updates applied
   params: Params
   opt_state: Any
+  critic: Any = None    # a CriticState with rl.advantage="gae" (`uses_critic`), else None
 
 
 # The batch type of the update is the pipeline's one rollout batch.
@@ -104,15 +121,46 @@ def loss_kwargs(rl: RLConfig) -> dict[str, float]:
   return losses.check_kind_kwargs(rl.loss_kind, parse_kwargs(rl.loss_kwargs, "rl.loss_kwargs"), "rl.loss_kwargs")
 
 
-def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainState:
+def uses_critic(rl: RLConfig) -> bool:
+  """Whether the update trains a value model (`rl.advantage` in `advantages.CRITIC_RECIPES`)."""
+  return rl.advantage in advantages_lib.CRITIC_RECIPES
+
+
+def critic_optimizer(rl: RLConfig) -> optax.GradientTransformation:
+  """The critic's own optimizer: `make_optimizer` with `rl.critic_learning_rate` and `rl.critic_grad_clip`
+  (the policy's schedule length, warmup, weight decay and Adam epsilon)."""
+  return make_optimizer(rl.critic_learning_rate, rl.steps * rl.ppo_epochs * rl.num_minibatches,
+                        rl.warmup_steps, rl.weight_decay, rl.critic_grad_clip, rl.adam_eps)
+
+
+def init_train_state(params: Params, tx: optax.GradientTransformation,
+                     critic_tx: optax.GradientTransformation | None = None) -> TrainState:
   """A fresh train state. Params are copied: the jitted steps donate the state, and the
   caller's arrays (e.g. the KL reference) must survive that.
 
   With a LoRA policy (`models.lora.apply`) the optimizer state covers the adapters alone
-  (`lora.partition`); the frozen base rides in `params` and is never updated.
+  (`lora.partition`); the frozen base rides in `params` and is never updated. With `critic_tx`
+  the state holds a critic initialised from the policy (`models.value.init_critic`: the
+  trunk with adapters merged and a zero value head, trained in full) and its optimizer state.
   """
   params = jax.tree_util.tree_map(jnp.copy, params)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(lora_lib.partition(params)[0]))
+  critic = None
+  if critic_tx is not None:
+    critic_params = value_lib.init_critic(params)
+    critic = CriticState(step=jnp.zeros((), jnp.int32), params=critic_params, opt_state=critic_tx.init(critic_params))
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(lora_lib.partition(params)[0]),
+                    critic=critic)
+
+
+def train_state_init(rl: RLConfig):
+  """`params -> TrainState` for this config: the policy's optimizer, and a critic when `uses_critic(rl)`."""
+  return functools.partial(init_train_state, tx=rl_optimizer(rl),
+                           critic_tx=critic_optimizer(rl) if uses_critic(rl) else None)
+
+
+def gae_settings(rl: RLConfig) -> advantages_lib.GAESettings:
+  """gamma and lambda of `rl.advantage="gae"` from `rl.advantage_kwargs` (verl's defaults 1.0, 0.95)."""
+  return advantages_lib.GAESettings(**parse_kwargs(rl.advantage_kwargs, "rl.advantage_kwargs")).check()
 
 
 def advantage_transform(rl: RLConfig) -> advantages_lib.AdvantageTransform:
@@ -145,41 +193,6 @@ def _weight(mask_rxT, total_tokens, total_seqs, total_rows, agg):
 
 def _split(x, n):
   return x.reshape((n, x.shape[0] // n) + x.shape[1:])
-
-
-def _no_grad_logprobs(cfg, params, tokens, attn, P, n_micro, temperature, vocab=False, chunk=0):
-  """Rows' completion log-probs [R, T] (or over the vocabulary, [R, T, V]), n_micro scan steps, no gradient."""
-  def body(_, xs):
-    if vocab:
-      return None, models.vocab_logprobs(cfg, params, xs[0], xs[1], P, temperature=temperature)
-    lp, _ = completion_logprobs(cfg, params, xs[0], xs[1], P, temperature, chunk)
-    return None, lp
-  _, lp = jax.lax.scan(body, None, (_split(tokens, n_micro), _split(attn, n_micro)))
-  return jax.lax.stop_gradient(lp.reshape((-1,) + lp.shape[2:]))
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows", "vocab", "chunk"))
-def batch_logprobs(params: Params, prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
-                   completion_mask: jax.Array, *, cfg: ModelConfig, temperature: float = 1.0,
-                   micro_rows: int = 0, vocab: bool = False, chunk: int = 0) -> jax.Array:
-  """Log-probs [B, N, T] of a batch's completion tokens under `params` (no gradient; 0 off the mask).
-
-  The trainer's own numerics for a given policy: the "old logits" of a stale batch under the
-  version that generated it, or under a proximal policy (`training.async_rollouts`). With
-  `vocab`, the log-probs over the whole vocabulary at those positions, [B, N, T, V] (the
-  teacher's side of full-vocabulary distillation, `losses.full_reverse_kl`).
-  `micro_rows` rows go through the model at a time (0: all B * N; it must divide B * N), and
-  `chunk` completion positions through the output head at a time (0: all; not with `vocab`).
-  """
-  tokens, attn = teacher_forced_rows(prompt_ids, prompt_mask, completion_ids)
-  R = tokens.shape[0]
-  micro = micro_rows or R
-  if R % micro:
-    raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
-  lp = _no_grad_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature, vocab=vocab,
-                         chunk=chunk)
-  lp = lp.reshape(completion_ids.shape + lp.shape[2:])
-  return jnp.where(completion_mask.reshape(completion_mask.shape + (1,) * (lp.ndim - 3)), lp, 0.0)
 
 
 def echo_shaped(adv_BxNxT: jax.Array, rollouts: RolloutBatch, sample_mask_BxN: jax.Array, lam: float) -> jax.Array:
@@ -238,6 +251,15 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   the optimizer state, `kl_coef_of`), reported as `kl_coef`; after the step the controller
   moves it with the step's mean `kl` metric and the number of valid samples as n_steps
   (`losses.adaptive_kl_controller`).
+
+  With `rl.advantage="gae"` (`state.critic` set): the old values V(s_t) come from the critic
+  before the update; each sample's outcome reward sits on its last loss token; the token
+  advantages and returns are `advantages.gae_advantages` over the loss mask (masked tokens
+  skipped, advantages whitened over the batch's loss tokens). Each minibatch update also steps
+  the critic on `rl.critic_loss_coef * losses.value_loss(v, returns, old values, clip
+  rl.critic_cliprange_value)` (token-mean), reported as `vf_loss`, `vf_clipfrac`,
+  `critic_grad_norm`. For the first `rl.critic_warmup` steps' worth of critic updates only the
+  critic moves. A non-finite policy or critic gradient skips both.
   """
   tx = rl_optimizer(rl)
   B, N, T = rollouts.completion_ids.shape
@@ -272,12 +294,31 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   chunk = rl.logprob_chunk
   kind_kwargs = loss_kwargs(rl)
   kl_coef = kl_coef_of(state, rl)   # the coefficient of this step (constant over its updates)
+  use_critic = uses_critic(rl)
+  old_values = returns_R = None
+  train_policy = jnp.bool_(True)
+  if use_critic:   # PPO with a value model: token advantages by GAE over the critic's old values
+    if state.critic is None:
+      raise ValueError(f"rl.advantage={rl.advantage!r} needs a critic in the train state: build it with "
+                       "train_state_init(rl) (init_train_state(params, tx, critic_tx=critic_optimizer(rl))).")
+    if rollouts.token_advantages is not None or full_kl:
+      raise ValueError(f"rl.advantage={rl.advantage!r} computes its own token advantages; this batch carries "
+                       "token_advantages or teacher log-probs (tree rollouts, turn credit, distillation).")
+    gs = gae_settings(rl)
+    old_values = jax.lax.stop_gradient(jax.lax.scan(
+        lambda _, xs: (None, value_lib.completion_values(cfg, state.critic.params, xs[0], xs[1], P)), None,
+        (_split(tokens, R // micro), _split(attn, R // micro)))[1].reshape(R, T))
+    token_rewards = advantages_lib.outcome_token_rewards(adv_BxN.reshape(R), loss_mask_RxT)
+    adv_R, returns_R = advantages_lib.gae_advantages(token_rewards, old_values, loss_mask_RxT, gamma=gs.gamma,
+                                                     lam=gs.lam)
+    ctx = critic_optimizer(rl)
+    train_policy = state.critic.step >= rl.critic_warmup * rl.ppo_epochs * M
   if rollouts.old_logprobs is not None:
     old_lp = rollouts.old_logprobs.reshape(R, T)
   elif one_update:
     old_lp = None  # the policy that sampled is the one being updated: ratio 1 by construction
   else:
-    old_lp = _no_grad_logprobs(cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk)
+    old_lp = models.rows_logprobs(cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk)
   # The trainer's log-probs of the batch's tokens under the params before this update, which the
   # sampler's are compared with. With one minibatch they come from the first epoch's forward
   # passes (no extra cost); else from the old log-probs computed above from the same params.
@@ -285,13 +326,13 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   # the sampler's own (replay), so with several minibatches they cost one more forward.
   trainer_lp = None
   if M > 1:
-    trainer_lp = old_lp if rollouts.old_logprobs is None else _no_grad_logprobs(
+    trainer_lp = old_lp if rollouts.old_logprobs is None else models.rows_logprobs(
         cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk)
   ref_lp = None
   if rl.kl_coef > 0:
     if ref_params is None:
       raise ValueError("rl.kl_coef > 0 needs ref_params.")
-    ref_lp = _no_grad_logprobs(cfg, ref_params, tokens, attn, P, R // micro, temperature, chunk=chunk)
+    ref_lp = models.rows_logprobs(cfg, ref_params, tokens, attn, P, R // micro, temperature, chunk=chunk)
 
   def micro_loss(params, mb, totals):
     if full_kl:   # one forward gives the vocabulary log-probs, the sampled token's and the entropy
@@ -325,6 +366,15 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     m = {k: v * w for k, v in m.items()} | {"ratio_max": m["ratio_max"], "ratio_min": m["ratio_min"]}
     return total * w, (m, jax.lax.stop_gradient(lp))
 
+  def critic_micro_loss(critic_params, mb, n_tokens):
+    v = value_lib.completion_values(cfg, critic_params, mb["tokens"], mb["attn"], P)
+    vf, m = losses.value_loss(v, mb["returns"], mb["values"], mb["mask"], rl.critic_cliprange_value)
+    w = jnp.sum(mb["mask"]) / jnp.maximum(n_tokens, 1)   # this micro-batch's share of the token-mean
+    vpred = jnp.sum(jnp.where(mb["mask"], v, 0.0)) / jnp.maximum(jnp.sum(mb["mask"]), 1)
+    return rl.critic_loss_coef * vf * w, {"vf_loss": vf * w, "vf_clipfrac": m["vf_clipfrac"] * w, "vpred_mean": vpred * w}
+
+  critic_grad_fn = jax.grad(critic_micro_loss, has_aux=True)
+
   def minibatch_update(st: TrainState, idx):
     # The trainable part: the adapters with LoRA (the frozen base gets no gradient, no optimizer
     # state, no update), else every parameter (`combine` is then the identity).
@@ -341,30 +391,50 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
       mb["conf"] = sl(conf_R)
     if teacher_R is not None:
       mb["teacher"] = sl(teacher_R)
+    if use_critic:
+      mb["returns"], mb["values"] = sl(returns_R), sl(old_values)
     totals = (jnp.sum(mb["mask"]), jnp.sum(jnp.any(mb["mask"], axis=1)), rows_per_mb)
     micro_batches = jax.tree_util.tree_map(lambda x: _split(x, n_micro), mb)
 
     def acc(carry, xs):
-      g_sum, m_sum = carry
+      g_sum, m_sum, cg_sum = carry
       g, (m, lp) = grad_fn(trainable, xs, totals)
+      if use_critic:
+        cg, cm = critic_grad_fn(st.critic.params, xs, totals[0])
+        m = dict(m, **cm)
+        cg_sum = jax.tree_util.tree_map(jnp.add, cg_sum, cg)
       m_new = {k: (jnp.maximum(m_sum[k], v) if k == "ratio_max" else
                    jnp.minimum(m_sum[k], v) if k == "ratio_min" else m_sum[k] + v) for k, v in m.items()}
-      return (jax.tree_util.tree_map(jnp.add, g_sum, g), m_new), lp
+      return (jax.tree_util.tree_map(jnp.add, g_sum, g), m_new, cg_sum), lp
 
-    m_shape = jax.eval_shape(lambda: grad_fn(trainable, jax.tree_util.tree_map(lambda x: x[0], micro_batches),
-                                             totals)[1][0])
+    first = jax.tree_util.tree_map(lambda x: x[0], micro_batches)
+    m_shape = jax.eval_shape(lambda: grad_fn(trainable, first, totals)[1][0])
+    if use_critic:
+      m_shape = dict(m_shape, **jax.eval_shape(lambda: critic_grad_fn(st.critic.params, first, totals[0])[1]))
     m0 = {k: (jnp.full((), -jnp.inf) if k == "ratio_max" else jnp.full((), jnp.inf) if k == "ratio_min"
               else jnp.zeros((), v.dtype)) for k, v in m_shape.items()}
     g0 = jax.tree_util.tree_map(jnp.zeros_like, trainable)
-    (grads, m), lp = jax.lax.scan(acc, (g0, m0), micro_batches)
+    cg0 = jax.tree_util.tree_map(jnp.zeros_like, st.critic.params) if use_critic else ()
+    (grads, m, critic_grads), lp = jax.lax.scan(acc, (g0, m0, cg0), micro_batches)
     grad_norm = optax.global_norm(grads)
     loss = m["distill_kl" if full_kl else "pg_loss"] + (kl_coef * m["kl"] if rl.kl_coef > 0 else 0.0)
     ok = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+    critic = st.critic
+    if use_critic:   # the critic's own step; a non-finite side skips both
+      critic_norm = optax.global_norm(critic_grads)
+      ok = ok & jnp.isfinite(critic_norm) & jnp.isfinite(m["vf_loss"])
+      c_updates, c_opt = ctx.update(critic_grads, critic.opt_state, critic.params)
+      c_params = optax.apply_updates(critic.params, c_updates)
+      keep_c = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
+      critic = CriticState(step=critic.step + ok.astype(jnp.int32), params=keep_c(c_params, critic.params),
+                           opt_state=keep_c(c_opt, critic.opt_state))
+      m = dict(m, critic_grad_norm=critic_norm, policy_frozen=(~train_policy).astype(jnp.float32))
+    step_policy = ok & train_policy   # critic warmup: only the critic moves
     updates, new_opt = tx.update(grads, st.opt_state, trainable)
     new_trainable = optax.apply_updates(trainable, updates)
-    keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
-    st = TrainState(step=st.step + ok.astype(jnp.int32), params=combine(keep(new_trainable, trainable)),
-                    opt_state=keep(new_opt, st.opt_state))
+    keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(step_policy, a, b), new, old)
+    st = TrainState(step=st.step + step_policy.astype(jnp.int32), params=combine(keep(new_trainable, trainable)),
+                    opt_state=keep(new_opt, st.opt_state), critic=critic)
     m = dict(m, loss=loss, grad_norm=grad_norm, nonfinite=(~ok).astype(jnp.float32))
     return st, (m, lp.reshape(rows_per_mb, T))
 
@@ -385,6 +455,11 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   valid = rollouts.sample_mask
   metrics["advantage_abs_mean"] = jnp.sum(jnp.abs(adv_BxN) * sample_mask_BxN) / jnp.maximum(
       jnp.sum(sample_mask_BxN), 1)
+  if use_critic:   # over the loss tokens: the token advantages, the old values and the returns
+    n_tok = jnp.maximum(jnp.sum(loss_mask_RxT), 1)
+    tok_mean = lambda x: jnp.sum(jnp.where(loss_mask_RxT, x, 0.0)) / n_tok
+    metrics.update(advantage_abs_mean=tok_mean(jnp.abs(adv_R)), values_mean=tok_mean(old_values),
+                   returns_mean=tok_mean(returns_R))
   metrics["tokens_in_loss"] = jnp.sum(loss_mask_RxT).astype(jnp.float32)
   metrics["groups"] = jnp.sum(jnp.any(valid, axis=1)).astype(jnp.float32)
   metrics.update(logprob_mismatch(rollout_lp, trainer_lp, loss_mask_RxT))

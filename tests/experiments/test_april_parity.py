@@ -1,11 +1,11 @@
-"""experiments/april_parity.py: a run's record from its files, APRIL's accounting, the parity verdict."""
+"""experiments/studies/april_parity.py: a run's record from its files, APRIL's accounting, the parity verdict."""
 
 import json
 
 from conftest import load_script
 
 
-ap = load_script("april_parity")
+ap = load_script("studies.april_parity")
 B, N = 8, 8
 
 

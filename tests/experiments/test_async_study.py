@@ -9,7 +9,7 @@ from conftest import load_script
 
 @pytest.fixture(scope="module")
 def study():
-  return load_script("async_study")
+  return load_script("studies.async_study")
 
 
 def _run(arm, seed, after, curve):

@@ -1,4 +1,4 @@
-"""experiments/bench_gpu.py: its dry run (CPU, tiny shapes) and the numbers in its JSON.
+"""experiments/benchmarks/bench_gpu.py: its dry run (CPU, tiny shapes) and the numbers in its JSON.
 
 The accelerator run itself needs a GPU; here the same code runs with the Pallas kernel
 interpreted, and the tests check properties of what it writes: the kernel output against
@@ -23,10 +23,10 @@ from rollouts_jax import models  # noqa: E402
 from conftest import load_script  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "experiments" / "bench_gpu.py"
+SCRIPT = REPO / "experiments" / "benchmarks" / "bench_gpu.py"
 
 
-bench = load_script("bench_gpu")
+bench = load_script("benchmarks.bench_gpu")
 
 
 def _close(a, b, rel=1e-9):
@@ -126,8 +126,8 @@ def test_kv_read_per_step_is_the_mean_over_steps_of_prompt_and_generated_caches(
 
 
 def test_error_text_drops_machine_paths():
-  text = f"NameError: at {bench.REPO / 'experiments' / 'bench_gpu.py'}:12 and /opt/x/lib/python3.12/site-packages/jax/a.py"
-  assert bench._scrub(text) == "NameError: at experiments/bench_gpu.py:12 and jax/a.py"
+  text = f"NameError: at {SCRIPT}:12 and /opt/x/lib/python3.12/site-packages/jax/a.py"
+  assert bench._scrub(text) == "NameError: at experiments/benchmarks/bench_gpu.py:12 and jax/a.py"
 
 
 def test_real_size_model_is_qwen25_05b():
@@ -200,8 +200,7 @@ def test_imports_work_without_the_packages_the_gpu_image_lacks():
       "    if name.split('.')[0] in {'tensorflow_datasets', 'ml_collections', 'math_verify', 'tensorflow'}:\n"
       "      raise ImportError('blocked ' + name)\n"
       "sys.meta_path.insert(0, B())\n"
-      f"sys.path.insert(0, {str(SCRIPT.parent)!r})\n"
-      "import bench_gpu\n"
+      "from experiments.benchmarks import bench_gpu\n"
       "cfg, info = bench_gpu.default_small_config()\n"
       "bench_gpu.training_api()\n"
       "from rollouts_jax import sampling, models\n"

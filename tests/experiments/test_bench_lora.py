@@ -1,4 +1,4 @@
-"""experiments/bench_lora.py at the tiniest shape on a random model: what its numbers stand on (no timing asserted)."""
+"""experiments/benchmarks/bench_lora.py at the tiniest shape on a random model: what its numbers stand on (no timing asserted)."""
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -8,7 +8,7 @@ import pytest  # noqa: E402
 
 from conftest import load_script  # noqa: E402
 
-bench = load_script("bench_lora")
+bench = load_script("benchmarks.bench_lora")
 
 
 def test_tiny_run_reports_bytes_and_ratios_its_numbers_give(tmp_path):

@@ -1,4 +1,4 @@
-"""experiments/bench_real_lm.py: its helpers (fast) and one end-to-end run at the tiniest shapes (slow).
+"""experiments/benchmarks/bench_real_lm.py: its helpers (fast) and one end-to-end run at the tiniest shapes (slow).
 
 The end-to-end run loads SmolLM2-135M twice over (ours and transformers'), compiles our sampler
 and update and trains TRL for two steps, in this process and in the peak-memory children: a
@@ -24,9 +24,8 @@ from rollouts_jax.models import ModelConfig  # noqa: E402
 from conftest import load_script  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "experiments" / "bench_real_lm.py"
 
-bench = load_script("bench_real_lm")
+bench = load_script("benchmarks.bench_real_lm")
 
 # SmolLM2-135M's shape (tied embeddings); transformers counts 134,515,008 parameters for it.
 SMOLLM2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
@@ -42,7 +41,7 @@ def test_parse_args_defaults_and_shapes():
   assert args.shape_list == [(4, 8, 64), (16, 8, 128)]
   assert args.grpo == (8, 8, 96)
   assert args.repeats == 3 and args.only == "all"
-  assert args.out.endswith("experiments/results/bench_real_lm.json")
+  assert args.out.endswith("experiments/benchmarks/results/bench_real_lm.json")
   with pytest.raises(ValueError):
     bench.parse_shape("4x8")
 
@@ -69,7 +68,7 @@ def test_end_to_end_tiny(tmp_path):
   out = tmp_path / "bench.json"
   B, N, T = 1, 2, 4
   GB, GN, GT = 2, 2, 8
-  cmd = [sys.executable, str(SCRIPT), "--only=all", f"--shapes={B}x{N}x{T}", f"--grpo_shape={GB}x{GN}x{GT}",
+  cmd = [sys.executable, "-m", "experiments.benchmarks.bench_real_lm", "--only=all", f"--shapes={B}x{N}x{T}", f"--grpo_shape={GB}x{GN}x{GT}",
          "--grpo_micro=0", "--repeats=1", "--matmul_size=256", f"--out={out}"]
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,8 +1,8 @@
-"""experiments/distill_study.py: each loss's windowed arms are judged against that loss's full-rollout OPD."""
+"""experiments/studies/distill_study.py: each loss's windowed arms are judged against that loss's full-rollout OPD."""
 
 from conftest import load_script
 
-ds = load_script("distill_study")
+ds = load_script("studies.distill_study")
 
 
 def _result(arm, seed, after, tokens, before=0.45, teacher=0.95):

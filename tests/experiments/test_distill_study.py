@@ -1,4 +1,4 @@
-"""experiments/distill_study.py: curves, token counts, gap closure and verdicts on hand-made runs."""
+"""experiments/studies/distill_study.py: curves, token counts, gap closure and verdicts on hand-made runs."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import pytest
 
 from conftest import load_script
 
-ds = load_script("distill_study")
+ds = load_script("studies.distill_study")
 
 TEACHER = {"eval/pass@1": 0.95, "eval/greedy_accuracy": 0.99, "eval/pass@4": 1.0}
 

@@ -1,4 +1,4 @@
-"""experiments/reproduce.py: aggregation over seeds, verdict rules, resumability and the smoke form of every study."""
+"""experiments/studies/reproduce.py: aggregation over seeds, verdict rules, resumability and the smoke form of every study."""
 
 import json
 import math
@@ -8,7 +8,8 @@ import pytest
 from conftest import load_script
 from rollouts_jax.training import config as rollout_config
 
-rp = load_script("reproduce")
+rp = load_script("studies.reproduce")
+harness = load_script("studies.harness")
 
 
 def _run(arm, seed, after, before=0.4, **extra):
@@ -17,13 +18,13 @@ def _run(arm, seed, after, before=0.4, **extra):
 
 
 def test_mean_spread_is_the_mean_and_sample_std():
-  cell = rp.mean_spread([0.5, 0.7, 0.9, float("nan"), None])
+  cell = harness.mean_spread([0.5, 0.7, 0.9, float("nan"), None])
   assert cell["n"] == 3
   assert cell["mean"] == pytest.approx(0.7)
   assert cell["spread"] == pytest.approx(0.2)          # ddof=1: sqrt((0.04 + 0 + 0.04) / 2)
   assert cell["se"] == pytest.approx(0.2 / math.sqrt(3))
-  assert rp.mean_spread([0.3])["spread"] == 0.0
-  assert rp.mean_spread([])["mean"] is None
+  assert harness.mean_spread([0.3])["spread"] == 0.0
+  assert harness.mean_spread([])["mean"] is None
 
 
 def test_aggregate_groups_by_arm_in_seed_order_and_skips_arms_without_runs():

@@ -75,7 +75,7 @@ def test_docstring_examples_run(module):
 
 
 def test_bench_bytes_per_parameter():
-  bench = load_script("bench_fp4")
+  bench = load_script("benchmarks.bench_fp4")
   rows = bench.bytes_per_parameter(256, 128)
   # codes: 1/2 byte; scales: 1 byte per 16 (NVFP4) or 32 (MXFP4) weights; + a 4-byte scalar
   assert rows["bf16"] == 2.0

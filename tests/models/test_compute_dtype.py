@@ -12,7 +12,7 @@ import pytest
 
 from rollouts_jax import models, sampling
 from rollouts_jax.models import quantize as qlib
-from rollouts_jax.sampling import sampler as sampler_lib
+from rollouts_jax.sampling import generate
 from rollouts_jax.training import rl_step as rl
 from rollouts_jax.training.config import ExperimentConfig, ModelSectionConfig, RLConfig, validate
 
@@ -134,7 +134,7 @@ def _walk(jaxpr, in_while=False):
 
 def _decode_loops(cfg, config):
   ids, mask = jnp.asarray(TOKENS[:2, :5]), jnp.ones((2, 5), bool)
-  run = lambda p: sampler_lib._sample_jit(cfg, config, p, ids, mask, jax.random.key(0))  # pylint: disable=protected-access
+  run = lambda p: generate.sample_jit(cfg, config, p, ids, mask, jax.random.key(0))
   jaxpr = jax.make_jaxpr(run)(PARAMS)
   eqns = list(_walk(jaxpr.jaxpr))
   loops = [e for e, _ in eqns if e.primitive.name == "while"]

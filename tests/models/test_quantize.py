@@ -8,7 +8,7 @@ import pytest
 from rollouts_jax.kernels import fp4
 from rollouts_jax import models, sampling
 from rollouts_jax.models import quantize as qlib
-from rollouts_jax.sampling import sampler as sampler_lib
+from rollouts_jax.sampling import generate
 
 CFG = models.ModelConfig(model_type="llama", vocab_size=40, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2)
@@ -95,10 +95,10 @@ def test_sampler_does_not_recompile_for_new_fp4_params():
   ids, mask = _prompts()
   q1 = models.quantize_params(CFG, PEAKED, "nvfp4", implementation="xla")
   sampling.sample(CFG, q1, ids, mask, jax.random.key(0), SAMPLE_CONF)
-  before = sampler_lib._sample_jit._cache_size()
+  before = generate.sample_jit._cache_size()
   q2 = models.quantize_params(CFG, models.init_params(CFG, jax.random.key(2)), "nvfp4", implementation="xla")
   sampling.sample(CFG, q2, ids, mask, jax.random.key(0), SAMPLE_CONF)
-  assert sampler_lib._sample_jit._cache_size() == before
+  assert generate.sample_jit._cache_size() == before
 
 
 def test_fp4_params_are_a_pytree_under_jit_without_recompiles():

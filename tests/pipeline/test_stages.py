@@ -14,9 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollouts_jax import advantages, control, data, models, replay, rewards, tasks
+from rollouts_jax import advantages, control, data, models, replay, rewards, rollout, sampling, tasks
+from rollouts_jax.rollout import extras as rollout_extras, filter as filter_lib, pipeline as pipeline_lib
 from rollouts_jax.training import config as config_lib
-from rollouts_jax.training import loop, pipeline as pipeline_lib
+from rollouts_jax.training import loop
 
 TOK = data.CharTokenizer.default()
 EXAMPLES = data.generate_arithmetic(0, "train", 24, digits=2)
@@ -311,15 +312,16 @@ def test_hive_with_fresh_entropy_scores_its_pool_with_the_current_policy_in_the_
   exp = _exp(control={"name": "hive", "kwargs": "fresh_entropy=True,entropy_tokens=4,pool_factor=2.0"})
   p, params = _pipeline(exp)
   pools = []
-  real = pipeline_lib.RolloutPipeline._prompt_entropy
+  real = rollout_extras.prompt_entropy
 
-  def spy(self, params_, idx, tokens, stats):
-    ent = real(self, params_, idx, tokens, stats)
-    assert ent.shape == (len(idx),) and np.isfinite(ent).all() and (ent >= 0).all()
-    pools.append(dict(zip(idx.tolist(), ent.tolist())))
+  def spy(cfg, params_, prompter, examples, tokens, conf, stats):
+    ent = real(cfg, params_, prompter, examples, tokens, conf, stats)
+    assert ent.shape == (len(examples),) and np.isfinite(ent).all() and (ent >= 0).all()
+    idx = [next(i for i, e in enumerate(p.examples) if e is ex) for ex in examples]
+    pools.append(dict(zip(idx, ent.tolist())))
     return ent
 
-  monkeypatch.setattr(pipeline_lib.RolloutPipeline, "_prompt_entropy", spy)
+  monkeypatch.setattr(rollout_extras, "prompt_entropy", spy)
   batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
   assert len(pools) == 1 and len(pools[0]) == 8 and 0 < info["hive/entropy_tokens"] <= 8 * 4
   chosen = np.asarray(batch.prompt_index).tolist()
@@ -405,7 +407,7 @@ def test_cat_rewards_agree_with_the_anchors_synthesis(monkeypatch):
   p, params = _pipeline(exp)
   seen = {}
 
-  real_anchor = pipeline_lib.RolloutPipeline._anchor_syntheses
+  real_anchor = filter_lib.Filter.anchor_syntheses
 
   def fake_anchor(self, examples, texts, anchor_params):
     if anchor_params is None:
@@ -415,7 +417,7 @@ def test_cat_rewards_agree_with_the_anchors_synthesis(monkeypatch):
     # The anchor "writes" the first sample's text for group 0 and nothing parsable elsewhere.
     return [texts[0][0] if b == 0 else "no answer here" for b in range(len(texts))]
 
-  monkeypatch.setattr(pipeline_lib.RolloutPipeline, "_anchor_syntheses", fake_anchor)
+  monkeypatch.setattr(filter_lib.Filter, "anchor_syntheses", fake_anchor)
   monkeypatch.setattr(tasks.Arithmetic, "reference", lambda self, ex: pytest.fail("CaT read a reference"))
   batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0), ref_params=params)
   task = tasks.get("arithmetic")
@@ -433,7 +435,7 @@ def test_cat_anchor_prompt_lists_the_groups_answers():
   exp = _exp(reward={"name": "cat"})
   p, params = _pipeline(exp)
   texts = [["<answer>12</answer>", "<answer>13</answer>", "<answer>12</answer>", "junk"]]
-  out = p._anchor_syntheses([EXAMPLES[0]], texts, params)
+  out = p.filter.anchor_syntheses([EXAMPLES[0]], texts, params)
   assert len(out) == 1 and isinstance(out[0], str)
   prompt = rewards.cat_prompt(tasks.get("arithmetic").prompt(EXAMPLES[0], TOK), ["12", "13", "12", None])
   assert prompt.startswith("Candidate answers: 12; 13.") and prompt.endswith(tasks.get("arithmetic").prompt(EXAMPLES[0], TOK))
@@ -460,14 +462,14 @@ def test_a_budget_of_b_decodes_b_samples_in_the_loop(monkeypatch):
   monkeypatch.setitem(control.REGISTRY, "uniform", _fixed_budget_selector(budget))
   p, params = _pipeline(_exp())
   decoded_rows = []
-  real_sample = pipeline_lib.sampling.sample
+  real_sample = sampling.sample
 
   def spy(cfg, params_, ids, mask, key, conf, budget=None):
     out = real_sample(cfg, params_, ids, mask, key, conf, budget=budget)
     decoded_rows.append(int(np.sum(budget)) if budget is not None else ids.shape[0] * conf.num_samples)
     return out
 
-  monkeypatch.setattr(pipeline_lib.rollout.sample.sampling, "sample", spy)
+  monkeypatch.setattr(rollout.sample.sampling, "sample", spy)
   batch, _, info = p.collect(p.init_state(), params, 0, jax.random.key(0))
   assert decoded_rows == [6]
   lengths = np.asarray(batch.lengths)
@@ -483,13 +485,13 @@ def test_a_second_phase_decodes_only_what_it_adds_and_merges_it_into_the_groups(
   """XRPO's phases and Pilot-Commit's commit: phase 1 decodes the first budgets, phase 2 only the
   difference, each sample on its own random stream, into the same groups (the refined plan's)."""
   calls = []
-  real_sample = pipeline_lib.sampling.sample
+  real_sample = sampling.sample
 
   def spy(cfg, params_, ids, mask, key, conf, budget=None):
     calls.append(np.asarray(budget).tolist())
     return real_sample(cfg, params_, ids, mask, key, conf, budget=budget)
 
-  monkeypatch.setattr(pipeline_lib.rollout.sample.sampling, "sample", spy)
+  monkeypatch.setattr(rollout.sample.sampling, "sample", spy)
   exp = _exp(control={"name": name, "kwargs": kwargs}, rollout={"num_samples": 8})
   p, params = _pipeline(exp)
   updates = []

@@ -4,7 +4,7 @@ import os
 import signal
 import time
 
-from rollouts_jax.rewards import common
+from rollouts_jax.graders import common
 
 
 def misbehave(completion, reference):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from rollouts_jax import rewards
-from rollouts_jax.rewards import pool as pool_lib
+from rollouts_jax.graders import pool as pool_lib
 import reliability_graders as graders
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -58,8 +58,8 @@ def test_stuck_and_exiting_graders_cost_one_sample_each(pool):
 
 
 def test_unsafe_grader_is_isolated_even_when_inline_is_asked():
-  assert rewards.pool.is_inline_safe(rewards.arithmetic_reward)
-  assert not rewards.pool.is_inline_safe(graders.misbehave)
+  assert pool_lib.is_inline_safe(rewards.arithmetic_reward)
+  assert not pool_lib.is_inline_safe(graders.misbehave)
   try:
     t0 = time.monotonic()
     values, stats = rewards.score_batch(graders.misbehave, ["spin", "exit", "ab"], [None] * 3,
@@ -132,7 +132,7 @@ def test_failing_grader_stops_the_run_with_its_message(pool, grader, kind, text)
   assert stats[kind] == 4 and stats["failures"] == 4 and stats["no_answer"] == 0
   assert len(stats["messages"]) == 1 and text in stats["messages"][0] and "(x4)" in stats["messages"][0]
   with pytest.raises(pool_lib.GraderFailureError, match=f"failed on 4 of 4 samples.*{text}"):
-    rewards.pool.check_grader_health(stats, max_failure_frac=0.5)
+    pool_lib.check_grader_health(stats, max_failure_frac=0.5)
 
 
 def test_no_answer_is_not_a_grader_failure(pool):
@@ -144,11 +144,11 @@ def test_no_answer_is_not_a_grader_failure(pool):
   messages = " | ".join(stats["messages"])
   assert "demo/error: ValueError: invalid literal" in messages  # the error the grader swallowed
   assert "KeyError" in messages and "invalid" in messages
-  rewards.pool.check_grader_health(stats, max_failure_frac=0.5)  # 3 of 10: a warning, not a stop
+  pool_lib.check_grader_health(stats, max_failure_frac=0.5)  # 3 of 10: a warning, not a stop
   # Real graders: answers missing from most completions is normal, not a failing grader.
   values, stats = rewards.score_batch("gsm8k", ["I do not know"] * 8 + ["#### 3"] * 2, ["3"] * 10)
   assert stats["no_answer"] == 8 and stats["failures"] == 0
-  rewards.pool.check_grader_health(stats, max_failure_frac=0.1)
-  merged = rewards.pool.merge_stats([stats, stats])
+  pool_lib.check_grader_health(stats, max_failure_frac=0.1)
+  merged = pool_lib.merge_stats([stats, stats])
   assert (merged["num"], merged["no_answer"], merged["failures"]) == (20, 16, 0)
-  assert "16 without an answer" in rewards.pool.summarize_stats(merged)
+  assert "16 without an answer" in pool_lib.summarize_stats(merged)

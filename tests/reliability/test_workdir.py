@@ -185,7 +185,7 @@ def test_a_build_that_dies_leaves_nothing_half_done(tmp_path):
 
 def test_train_py_refuses_before_any_work(tmp_path):
   """The launcher takes the lock and checks the config before loading data or compiling."""
-  train = [sys.executable, str(REPO / "experiments" / "train.py"), f"--config={REPO / 'configs' / 'default.py'}:smoke",
+  train = [sys.executable, "-m", "experiments.launch.train", f"--config={REPO / 'configs' / 'default.py'}:smoke",
            f"--workdir={tmp_path}", "--progress=false"]
   env = {**os.environ, "PYTHONPATH": str(REPO), "ROLLOUTS_JAX_CACHE": str(tmp_path / "cache")}
   saved = {"rl": {"learning_rate": 0.123}}
@@ -199,7 +199,7 @@ def test_train_py_refuses_before_any_work(tmp_path):
 
 @pytest.mark.slow
 def test_train_py_refuses_a_locked_workdir(tmp_path):
-  train = [sys.executable, str(REPO / "experiments" / "train.py"), f"--config={REPO / 'configs' / 'default.py'}:smoke",
+  train = [sys.executable, "-m", "experiments.launch.train", f"--config={REPO / 'configs' / 'default.py'}:smoke",
            f"--workdir={tmp_path}", "--progress=false", "--allow_config_change"]
   env = {**os.environ, "PYTHONPATH": str(REPO), "ROLLOUTS_JAX_CACHE": str(tmp_path / "cache")}
   saved = {"rl": {"learning_rate": 0.123}}

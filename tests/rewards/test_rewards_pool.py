@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rollouts_jax import rewards
-from rollouts_jax.rewards import pool as pool_lib
+from rollouts_jax.graders import pool as pool_lib, registry as grader_registry
 import rewards_test_graders as graders
 
 TIMEOUT_S = 1.0
@@ -138,7 +138,7 @@ def test_registry_round_trip():
         with pytest.raises(ValueError, match="already registered"):
             rewards.register_reward_fn("test_length", graders.length_or_hang)
     finally:
-        rewards.registry._REGISTRY.pop("test_length")
+        grader_registry._REGISTRY.pop("test_length")
 
 
 def test_workers_that_cannot_start_raise_instead_of_looping():

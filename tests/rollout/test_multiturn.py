@@ -17,7 +17,8 @@ from rollouts_jax.advantages import turns as turns_lib
 from rollouts_jax.rollout import multiturn as mt_gen
 from rollouts_jax.sampling import multiturn as mt
 from rollouts_jax.training import config as config_lib
-from rollouts_jax.training import loop, pipeline as pipeline_lib, rl_step
+from rollouts_jax.rollout import stats as rollout_stats
+from rollouts_jax.training import loop, rl_step
 from rollouts_jax.types import teacher_forced_rows
 
 TOK = data.CharTokenizer.default()
@@ -103,7 +104,7 @@ def test_trained_ids_are_the_sampled_ids_plus_the_observation_ids_byte_for_byte(
   ep, env = _run(examples, N=2, T=96, turn_tokens=5)
   batch = mt_gen.to_batch(ep, 3, 2, prompt_index=np.arange(3), version=0)
   # The update's rows, after the pipeline's trim to the last loss position.
-  width = max(8, -(-pipeline_lib.loss_extent(batch.completion_mask) // 8) * 8)
+  width = max(8, -(-rollout_stats.loss_extent(batch.completion_mask) // 8) * 8)
   trimmed = batch.trim(width)
   rows, _ = teacher_forced_rows(trimmed.prompt_ids, trimmed.prompt_mask, trimmed.completion_ids)
   rows = np.asarray(rows)
@@ -274,7 +275,7 @@ def test_pipeline_keeps_the_environments_rewards_and_the_later_turns():
   batch, _, info = pipe.collect(state, PARAMS, 0, jax.random.key(3))
   assert batch.token_advantages is not None and "env/tool_use_frac" in info and "env/accuracy" in info
   m = np.asarray(batch.completion_mask)
-  assert batch.completion_ids.shape[-1] >= pipeline_lib.loss_extent(m) > m.sum(-1).max()  # holes kept
+  assert batch.completion_ids.shape[-1] >= rollout_stats.loss_extent(m) > m.sum(-1).max()  # holes kept
 
 
 @pytest.mark.slow
@@ -304,3 +305,18 @@ def test_smollm2_calculator_episode_in_its_chat_template():
                               ep.mask.reshape(1, 2, -1), cfg=cfg)
   np.testing.assert_allclose(np.asarray(lp).reshape(2, -1), ep.policy_logprobs, atol=2e-3)
   del renderer
+
+
+def test_turn_credit_is_normalised_among_the_budgets_samples_only():
+  """A selector's budget of 2 of N = 4: samples 3 and 4 are masked and leave the live ones' credit unchanged."""
+  ep, _ = _run([{"turns": 3}, {"turns": 2}], N=4, T=64)
+  full = mt_gen.to_batch(ep, 2, 4, prompt_index=np.arange(2), version=0, credit="turn", budget=np.array([4, 4]))
+  cut = mt_gen.to_batch(ep, 2, 4, prompt_index=np.arange(2), version=0, credit="turn", budget=np.array([2, 4]))
+  np.testing.assert_array_equal(np.asarray(cut.sample_mask), [[1, 1, 0, 0], [1, 1, 1, 1]])
+  np.testing.assert_array_equal(cut.token_advantages[1], full.token_advantages[1])   # group 2: its whole budget
+  # Group 1's two live samples are normalised between themselves, as if the others were never decoded.
+  two = dataclasses.replace(ep, **{f: getattr(ep, f).reshape((2, 4) + getattr(ep, f).shape[1:])[:1, :2].reshape(
+      (2,) + getattr(ep, f).shape[1:]) for f in ("tokens", "mask", "logprobs", "entropy", "turn_rewards", "turn_mask",
+                                                 "turn_ids")}, prompt_ids=ep.prompt_ids[:1], prompt_mask=ep.prompt_mask[:1])
+  alone = mt_gen.to_batch(two, 1, 2, prompt_index=np.arange(1), version=0, credit="turn")
+  np.testing.assert_allclose(cut.token_advantages[0, :2], alone.token_advantages[0], rtol=1e-6, atol=1e-7)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rollouts_jax import models, sampling
-from rollouts_jax.sampling import sampler as sampler_lib
+from rollouts_jax.sampling import engine, generate
 
 CFG = models.ModelConfig(model_type="llama", vocab_size=40, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2)
@@ -68,7 +68,7 @@ def test_logprobs_equal_log_softmax_of_forward():
 def _empirical(logits_V, conf, n=20000, seed=0):
   logits = jnp.broadcast_to(logits_V, (n, logits_V.shape[0]))
   keys = jax.random.key(seed)
-  tok, *_ = sampler_lib._choose(logits, keys, conf)
+  tok, *_ = engine.choose(logits, jax.random.uniform(keys, (n,), jnp.float32), conf)
   return np.bincount(np.asarray(tok), minlength=logits_V.shape[0]) / n
 
 
@@ -169,14 +169,14 @@ def test_no_recompilation_within_a_bucket():
   conf = sampling.SamplingConfig(num_samples=2, max_new_tokens=4, prompt_buckets=(8, 16))
   ids, mask = _prompts(P=5)
   sampling.sample(CFG, PARAMS, ids, mask, jax.random.key(0), conf)
-  before = sampler_lib._sample_jit._cache_size()
+  before = generate.sample_jit._cache_size()
   for P, seed in ((6, 1), (7, 2), (8, 3), (5, 4)):
     ids, mask = _prompts(P=P, seed=seed)
     sampling.sample(CFG, PARAMS, ids, mask, jax.random.key(seed), conf)
-  assert sampler_lib._sample_jit._cache_size() == before
+  assert generate.sample_jit._cache_size() == before
   ids, mask = _prompts(P=9)
   sampling.sample(CFG, PARAMS, ids, mask, jax.random.key(0), conf)
-  assert sampler_lib._sample_jit._cache_size() == before + 1
+  assert generate.sample_jit._cache_size() == before + 1
 
 
 def test_bucket_padding_does_not_change_greedy_output():
@@ -211,5 +211,5 @@ def test_clear_errors():
 def test_inverse_cdf_never_picks_zero_probability_tokens():
   probs = jnp.array([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4 + [[0.0, 0.0, 1.0, 0.0, 0.0]] * 4)
   for seed in range(20):
-    tok = np.asarray(sampler_lib._inverse_cdf_sample(jax.random.key(seed), probs))
+    tok = np.asarray(engine.inverse_cdf_draw(jax.random.uniform(jax.random.key(seed), (8,), jnp.float32), probs))
     assert np.all(np.asarray(probs)[np.arange(8), tok] > 0)

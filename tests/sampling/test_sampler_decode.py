@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rollouts_jax import models, sampling
-from rollouts_jax.sampling import sampler as sampler_lib
+from rollouts_jax.sampling import engine, generate
 
 CFG = models.ModelConfig(model_type="llama", vocab_size=40, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2)
@@ -47,7 +47,7 @@ def test_cache_views_do_not_change_outputs():
   base = sampling.SamplingConfig(num_samples=3, max_new_tokens=20, temperature=1.0)
   a = sampling.sample(CFG, PARAMS, ids, mask, jax.random.key(2), base.replace(length_segments=1))
   b = sampling.sample(CFG, PARAMS, ids, mask, jax.random.key(2), base.replace(length_segments=3))
-  assert sampler_lib.cache_views(20, 3) == (8, 16, 20)
+  assert engine.cache_views(20, 3) == (8, 16, 20)
   _assert_same(a, b)
 
 
@@ -65,14 +65,14 @@ def _temp_bytes(N, P=32, **kw):
   ids = jnp.ones((2, P), jnp.int32)
   mask = jnp.ones((2, P), bool)
   conf = sampling.SamplingConfig(num_samples=N, max_new_tokens=8, prompt_buckets=(), **kw)
-  compiled = sampler_lib._sample_jit.lower(CFG, conf, PARAMS, ids, mask, jax.random.key(0)).compile()
+  compiled = generate.sample_jit.lower(CFG, conf, PARAMS, ids, mask, jax.random.key(0)).compile()
   return compiled.memory_analysis().temp_size_in_bytes
 
 
 def test_peak_memory_bounded_by_the_budget_not_by_n():
   """With the default automatic chunk, the decode's scratch memory stops growing with N."""
   budget = dict(decode_memory_mb=0.05)
-  assert sampler_lib.auto_sample_chunk(CFG, sampling.SamplingConfig(num_samples=64, max_new_tokens=8,
+  assert engine.auto_sample_chunk(CFG, sampling.SamplingConfig(num_samples=64, max_new_tokens=8,
                                                                     **budget), 2) < 64
   small, large = _temp_bytes(64, **budget), _temp_bytes(256, **budget)
   assert large <= small * 1.1 + 64 * 1024, (small, large)  # outputs [B, N, T] are not scratch

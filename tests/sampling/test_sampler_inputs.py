@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rollouts_jax import models, sampling
-from rollouts_jax.sampling import sampler as sampler_lib
+from rollouts_jax.sampling import generate
 
 CFG = models.ModelConfig(model_type="llama", vocab_size=40, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
@@ -21,11 +21,11 @@ def _prompts():
 
 
 def _expect_error(ids, mask, match, conf=CONF):
-  before = sampler_lib._sample_jit._cache_size()
+  before = generate.sample_jit._cache_size()
   for convert in (np.asarray, jnp.asarray):
     with pytest.raises(ValueError, match=match):
       sampling.sample(CFG, PARAMS, convert(ids), convert(mask), jax.random.key(0), conf)
-  assert sampler_lib._sample_jit._cache_size() == before  # nothing was compiled
+  assert generate.sample_jit._cache_size() == before  # nothing was compiled
 
 
 def test_ids_outside_vocabulary():
@@ -60,3 +60,10 @@ def test_prompt_plus_budget_beyond_positions():
   # exactly at the limit is fine (4 prompt tokens + 60 new tokens = 64 positions)
   out = sampling.sample(CFG, PARAMS, ids, mask, jax.random.key(0), CONF.replace(max_new_tokens=60))
   assert out.completion_ids.shape == (2, 2, 60)
+
+
+def test_package_names_are_the_functions_not_the_modules():
+  """`sampling.sample` / `continue_from` are the functions (the modules are `generate` and `resume`)."""
+  from rollouts_jax.sampling import resume  # pylint: disable=g-import-not-at-top
+  assert sampling.sample is generate.sample and sampling.continue_from is resume.continue_from
+  assert sampling.SamplingConfig is sampling.config.SamplingConfig

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rollouts_jax import models, sampling
+from rollouts_jax.sampling import engine
 from rollouts_jax.sampling import tree as tree_lib
 
 CFG = models.ModelConfig(model_type="llama", vocab_size=40, hidden_size=32, intermediate_size=64,
@@ -159,7 +160,6 @@ def test_token_budget_bounds_generated_tokens():
 def test_sample_mode_leaves_draw_from_their_own_streams():
   """branch_tokens='sample': from its branch step on (from 0 for a root) each row's token is its own stream's
   draw from the model's distribution, exactly as `sampling.sample` draws sample j, so leaves are policy samples."""
-  from rollouts_jax.sampling import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
   ids, mask = _prompts()
   key = jax.random.key(3)
   out, info = jax.device_get(tree_lib.tree_sample(CFG, PARAMS, ids, mask, key, CONF,
@@ -173,7 +173,7 @@ def test_sample_mode_leaves_draw_from_their_own_streams():
     probs = jax.nn.softmax(models.forward(CFG, PARAMS, seq, seq_mask)[:, ids.shape[1] - 1:-1])
     row_keys = jnp.stack([jax.random.fold_in(key, b * M + j) for b in range(B)])
     for t in range(T):
-      drawn = np.asarray(sampler_lib._inverse_cdf_draw(sampler_lib._row_uniforms(row_keys, t), probs[:, t]))
+      drawn = np.asarray(engine.inverse_cdf_draw(engine.row_uniforms(row_keys, t), probs[:, t]))
       own = info.leaf_mask[:, j] & (t >= np.maximum(info.branch_step[:, j], 0)) & out.completion_mask[:, j, t]
       np.testing.assert_array_equal(out.completion_ids[:, j, t][own], drawn[own])
       checked += own.sum()

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rollouts_jax import models, sampling
 from rollouts_jax import sharding as sh
-from rollouts_jax.sampling import sampler as sampler_lib
+from rollouts_jax.sampling import generate
 
 pytestmark = pytest.mark.skipif(
     jax.device_count() != 8,
@@ -234,7 +234,7 @@ def test_kv_cache_constraint_hook():
   plain = models.init_cache(CFG, 2, 4)
   assert sh.constrain_kv_cache(plain) is plain
   b = batch_np()
-  lower = lambda c: sampler_lib._sample_jit.lower(CFG, GREEDY, ref_params(), b["tokens"], b["mask"],
+  lower = lambda c: generate.sample_jit.lower(CFG, GREEDY, ref_params(), b["tokens"], b["mask"],
                                                   jax.random.key(0), c).as_text()
   # Constraints over the mesh (Shardy syntax, or a GSPMD custom call with a device tile).
   count = lambda text: len(re.findall(r"sharding_constraint[^\n]*<@mesh,|@Sharding[^\n]*devices=\[", text))
@@ -301,6 +301,33 @@ def test_library_rl_step_on_a_mesh_matches_single_device(shape):
   assert abs(float(m["loss"]) - float(ref_m["loss"])) <= TOL
   assert max_diff(new.params, ref_state.params) <= TOL
   assert new.params["layers"]["q"].sharding.is_equivalent_to(ps["layers"]["q"], 3)
+
+
+def test_ppo_critic_is_sharded_by_the_policy_rules_and_its_step_matches_single_device():
+  """rl.advantage="gae": the loop's init path places the critic like the policy (leaves at the policy's
+  paths get their shardings, the value head is replicated), and the donated sharded step (policy,
+  critic, both Adam states) matches one device."""
+  from rollouts_jax.training import loop, rl_step as rl
+  from rollouts_jax.training.config import RLConfig
+  conf = RLConfig(steps=3, advantage="gae", learning_rate=1e-3, critic_learning_rate=1e-3, warmup_steps=0,
+                  ppo_epochs=2, micro_batch_size=8, adam_eps=1e-6)
+  ref_state, ref_m = rl.rl_step(rl.train_state_init(conf)(ref_params()), library_rollouts(), None, cfg=CFG, rl=conf)
+  mesh, rules = sh.make_mesh((2, 2, 2)), sh.get_rules("fsdp_tp")
+  ps = sh.param_shardings(CFG, mesh, rules)
+  state, shardings = sh.init_sharded_state(rl.train_state_init(conf), sh.shard_params(ref_params(), ps), ps)
+  critic = state.critic.params
+  for name in ("q", "down"):
+    assert critic["layers"][name].sharding == ps["layers"][name]
+  assert critic["embed"].sharding == ps["embed"] and critic["embed"].sharding.spec != P()
+  assert critic["value_head"]["w"].sharding.spec == P() and state.critic.step.sharding.spec == P()
+  mu_q = [x for path, x in jax.tree_util.tree_flatten_with_path(state.critic.opt_state)[0]
+          if jax.tree_util.keystr(path).endswith("['layers']['q']")]
+  assert len(mu_q) >= 2 and all(x.sharding == ps["layers"]["q"] for x in mu_q)
+  step = loop._train_step(dict(cfg=CFG, rl=conf), shardings, mesh)
+  new, m = step(state, sh.shard_batch(library_rollouts(), mesh), None)
+  assert abs(float(m["vf_loss"]) - float(ref_m["vf_loss"])) <= TOL
+  assert max_diff(new.critic, ref_state.critic) <= TOL and max_diff(new.params, ref_state.params) <= TOL
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, new, shardings))
 
 
 def test_train_state_built_in_place_matches_and_survives_donation():

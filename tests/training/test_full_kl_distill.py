@@ -11,7 +11,7 @@ import pytest
 from rollouts_jax import losses, models
 from rollouts_jax.sampling.batch import RolloutBatch, concat
 from rollouts_jax.training import config as config_lib
-from rollouts_jax.training import pipeline as pipeline_lib
+from rollouts_jax.rollout import extras as rollout_extras
 from rollouts_jax.training import rl_step as rl
 from rollouts_jax.training.config import RLConfig
 
@@ -207,7 +207,7 @@ def test_esr_full_keeps_the_window(monkeypatch):
 
 def test_full_mode_refuses_a_vocabulary_too_large(monkeypatch):
   p, params = _distill_pipeline(monkeypatch, distill="opd_full")
-  monkeypatch.setattr(pipeline_lib, "FULL_KL_MAX_BYTES", 1000)
+  monkeypatch.setattr(rollout_extras, "FULL_KL_MAX_BYTES", 1000)
   with pytest.raises(ValueError, match=r"rollout.distill='opd_full'.*single-sample form \(rollout.distill='opd'\)"):
     p.collect(p.init_state(), params, 0, jax.random.key(0))
 
@@ -220,11 +220,11 @@ def test_full_mode_is_refused_before_the_teacher_is_built(monkeypatch):
   monkeypatch.setattr(build, "warm_start", lambda *a, **k: built.append(1) or (cfg, None, None, None))
   exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 16, "teacher_sft_steps": 5, "distill": "opd_full",
                       "generator": "esr", "generator_kwargs": "window=4"})
-  monkeypatch.setattr(pipeline_lib, "FULL_KL_MAX_BYTES", 1000)
+  monkeypatch.setattr(rollout_extras, "FULL_KL_MAX_BYTES", 1000)
   with pytest.raises(ValueError, match=r"rollout.distill='opd_full'.*single-sample form \(rollout.distill='opd'\)"):
     _pipeline(exp)
   assert not built
-  monkeypatch.setattr(pipeline_lib, "FULL_KL_MAX_BYTES", 2**30)
+  monkeypatch.setattr(rollout_extras, "FULL_KL_MAX_BYTES", 2**30)
   _pipeline(exp)   # within the limit the teacher is built
   assert built == [1]
 

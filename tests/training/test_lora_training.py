@@ -116,8 +116,8 @@ def test_export_writes_the_merged_policy_and_the_adapters_alone(cache, tmp_path)
   summary = loop.train(exp, tmp_path / "run", progress=False)
   out = tmp_path / "hf"
   env = dict(os.environ, JAX_PLATFORMS="cpu", ROLLOUTS_JAX_CACHE=str(cache))
-  proc = subprocess.run([sys.executable, str(REPO / "experiments" / "evaluate.py"), f"--workdir={tmp_path / 'run'}",
-                         f"--export_hf={out}"], env=env, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run([sys.executable, "-m", "experiments.launch.evaluate", f"--workdir={tmp_path / 'run'}",
+                         f"--export_hf={out}"], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-3000:]
   cfg, params = models.load_hf_checkpoint(out)
   policy = jax.device_get(summary["params"])

@@ -1,4 +1,4 @@
-"""experiments/memory_real_lm.py: arguments, the table, a child stopped for memory, one real run (slow)."""
+"""experiments/benchmarks/memory_real_lm.py: arguments, the table, a child stopped for memory, one real run (slow)."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 
 from conftest import load_script
 
-mem = load_script("memory_real_lm")
+mem = load_script("benchmarks.memory_real_lm")
 
 
 def test_arguments():

@@ -5,6 +5,6 @@
 ('naive', 'xla', 'pallas')
 """
 from rollouts_jax.kernels.decode_attention.api import IMPLEMENTATIONS, decode_attention
-from rollouts_jax.kernels.decode_attention.reference import merge
+from rollouts_jax.kernels.decode_attention.reference import NEG_INF, merge, prefix_part
 
-__all__ = ["IMPLEMENTATIONS", "decode_attention", "merge"]
+__all__ = ["IMPLEMENTATIONS", "NEG_INF", "decode_attention", "merge", "prefix_part"]

@@ -1,7 +1,7 @@
 r"""Asynchronous GRPO: rollouts of step s come from the policy after s - 1 updates (AReaL, arXiv 2505.24298).
 
 The default arithmetic task and policy. A producer thread generates the next batch while the
-trainer updates on this one (`training/async_rollouts.py`); the PPO ratio is taken against the
+trainer updates on this one (`rollout/source.py`); the PPO ratio is taken against the
 params before each update and the behaviour policy is importance-weighted with AReaL's mask
 cap (decoupled PPO). Arguments (comma-separated):
 

@@ -9,10 +9,14 @@ sandboxed calculator; the observation's tokens carry no loss) and the policy goe
 without a call ends the episode and its `<answer>` is graded (reward 1 / 0). The warm start
 (SFT) calls the tool on half of the problems and answers directly on the others; a 0.6M
 char model multiplies 2-digit numbers poorly by heart, so GRPO on the trajectory rewards
-should raise the share of trajectories that call the tool (`env/tool_use_frac` in
-metrics.jsonl, per step) together with the accuracy of the episodes (`env/accuracy`; the
-held-out evaluation samples single turns without running the tool, so the episode accuracy
-of the first and the last steps is the before/after of this config).
+raises the share of trajectories that call the tool (`env/tool_use_frac` in metrics.jsonl, per
+step) together with the accuracy of the episodes (`env/accuracy`). The run's own `eval/*` samples
+single turns without running the tool; the held-out before/after of whole episodes is
+
+  python -m experiments.launch.multiturn_eval --workdir=/tmp/multiturn_calculator
+
+(seed 0: tool use 0.58 -> 1.00, accuracy 0.61 -> 0.88 on 200 test problems x 4 episodes;
+experiments/studies/results/multiturn_calculator.json).
 """
 
 from rollouts_jax.training.config import apply_smoke, base_config_dict, parse_config_arg
@@ -28,7 +32,9 @@ def get_config(arg=None):
   config.data.num_test = 500
   config.reward.name = "task"        # with rollout.env the environment's rewards are the rewards
   config.reward.num_workers = 0
-  config.sft.steps = 300
+  # 300 steps left the char model unable to copy the operands into the call or the result into
+  # the answer (held-out accuracy with the tool 0.02); at 1500 it copies both (0.86).
+  config.sft.steps = 1500
   config.rl.steps = 150
   config.control.prompts_per_step = 16
   config.rollout.num_samples = 8

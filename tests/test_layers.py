@@ -38,7 +38,7 @@ def test_the_batch_type_has_one_definition():
 
 def test_the_config_imports_no_training_module_so_there_is_no_import_circle():
   """training/config.py checks every section with the stages' own registries, never with the
-  modules that consume the config (rl_step, async_rollouts ... import it)."""
+  modules that consume the config (rl_step, the loop ... import it)."""
   text = (PKG / "training" / "config.py").read_text()
   training = {n.module for n in ast.walk(ast.parse(text))
               if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("rollouts_jax.training")}
@@ -53,4 +53,11 @@ def test_io_and_sharding_sit_below_training():
   for path in sorted((PKG / "io").glob("*.py")):
     assert _package_imports(path) <= {"io"}, path.name
   for path in sorted((PKG / "sharding").glob("*.py")):
+    assert "training" not in _package_imports(path), path.name
+
+
+def test_the_rollout_step_sits_below_training():
+  """The rollout step and its batch sources (sync and async) know the stages and the model, not
+  the loop or its config: they take config sections and plain values."""
+  for path in sorted((PKG / "rollout").glob("*.py")):
     assert "training" not in _package_imports(path), path.name

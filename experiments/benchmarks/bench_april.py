@@ -86,7 +86,7 @@ def continuation(pipe, state, cfg, params, reps: int, key) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from rollouts_jax import sampling  # pylint: disable=g-import-not-at-top
-  from rollouts_jax.sampling.batch import RolloutBatch  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.types import RolloutBatch  # pylint: disable=g-import-not-at-top
   conf, N, B = pipe.sampling_config, pipe.num_samples, pipe.batch_size
   T = conf.max_new_tokens
   got, _ = pipe.partial.sample(state.partial, None, pipe.partial_requests)

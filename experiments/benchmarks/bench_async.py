@@ -15,7 +15,7 @@ while the trainer updates). From each run's per-step metrics, leaving out the fi
   step s           median seconds per step
 
 and the ratio of each async arm to the synchronous one (medians over repetitions), plus the
-capacity model's prediction (ECHO-2, `training.async_rollouts.capacity`) from the sync arm's
+capacity model's prediction (ECHO-2, `rollout.source.capacity`) from the sync arm's
 measured times. On a 2-core CPU the two meshes share the same cores, so the overlap can only
 hide host-side work (scoring, batching, Python) and idle cores; it is a check of the machinery,
 and the accelerator numbers are the real test. Timings taken while other processes use the CPU
@@ -81,7 +81,8 @@ def main(argv=None):
   parser.add_argument("--out", default=str(REPO / "experiments" / "benchmarks" / "results" / "bench_async.json"))
   args = parser.parse_args(argv)
   import jax  # pylint: disable=g-import-not-at-top
-  from rollouts_jax.training import async_rollouts, loop  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.rollout import source as source_lib  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
   if jax.device_count() < 8:
     sys.exit(f"needs 8 devices, found {jax.device_count()}")
   arms = [0] + [int(s) for s in args.staleness.split(",") if s]
@@ -105,8 +106,8 @@ def main(argv=None):
   sync = per_arm[0]
   B = arm_config(0, args.steps, args.smoke)
   batch_rollouts = B.control.prompts_per_step * B.rollout.num_samples
-  cap = {s: async_rollouts.capacity(med(0, "update_s"), 0.0, batch_rollouts / med(0, "sample_s"), batch_rollouts, s,
-                                    producer_share=0.5).__dict__ for s in arms}
+  cap = {s: source_lib.capacity(med(0, "update_s"), 0.0, batch_rollouts / med(0, "sample_s"), batch_rollouts, s,
+                                producer_share=0.5).__dict__ for s in arms}
   out = {"devices": "8 host (CPU) devices: 4 rollout + 4 training", "steps": args.steps, "warmup": args.warmup,
          "reps": args.reps, "load_start": load_start, "load_end": os.getloadavg(), "smoke": args.smoke,
          "arms": {str(a): {"median": {k: med(a, k) for k in sync[0]}, "runs": per_arm[a]} for a in arms},

@@ -242,10 +242,9 @@ def build_models(names, dry: bool):
 def layer_shapes(cfg) -> dict[tuple[int, int], list[str]]:
   """Distinct per-layer linear weight shapes (K, N) -> the weight names that have them."""
   from rollouts_jax import models
-  from rollouts_jax.models.quantize import LINEAR_WEIGHTS
   shapes = models.param_shapes(cfg)["layers"]
   out: dict[tuple[int, int], list[str]] = {}
-  for name in LINEAR_WEIGHTS:
+  for name in models.LINEAR_WEIGHTS:
     out.setdefault(tuple(shapes[name][1:]), []).append(name)
   return out
 
@@ -615,7 +614,6 @@ def bench_sampler_model(model: str, cfg, params, plan: Plan, shapes: list[Sample
   import jax
   import jax.numpy as jnp
   from rollouts_jax import models, sampling
-  from rollouts_jax.models.quantize import param_bytes
 
   weights = {"bf16": params}
   try:
@@ -656,7 +654,7 @@ def bench_sampler_model(model: str, cfg, params, plan: Plan, shapes: list[Sample
     kv_full = kv_cache_bytes(cfg, B * N, P + T, itemsize)  # a full [rows, P + T] cache read every step
     for wname in calls:
       t = statistics.median(times[wname])
-      wbytes = param_bytes(weights[wname])
+      wbytes = models.param_bytes(weights[wname])
       step_s = t / T
       step_bytes = wbytes + kv
       logits_bytes = B * N * cfg.vocab_size * 4

@@ -95,7 +95,7 @@ def rollout_batch(args, vocab: int):
   """B x N random completions of B random prompts, half of each group rewarded."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from rollouts_jax.training.rl_step import Rollouts  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import Rollouts  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(args.seed)
   B, N, T, P = args.B, args.N, args.T, args.prompt_len
   return Rollouts(
@@ -119,7 +119,7 @@ class Side:
     import jax  # pylint: disable=g-import-not-at-top
     from rollouts_jax.models import lora  # pylint: disable=g-import-not-at-top
     from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
-    from rollouts_jax.training.rl_step import init_train_state, rl_optimizer  # pylint: disable=g-import-not-at-top
+    from rollouts_jax.training import init_train_state, rl_optimizer  # pylint: disable=g-import-not-at-top
     self.name, self.cfg, self.exp, self.batch = name, cfg, exp, batch
     policy = loop.with_adapters(exp, cfg, params)   # what `training.loop` trains
     self.state = init_train_state(policy, rl_optimizer(exp.rl))

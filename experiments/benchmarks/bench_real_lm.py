@@ -302,7 +302,7 @@ class OursGRPO:
     import jax  # pylint: disable=g-import-not-at-top
     from rollouts_jax.training import build  # pylint: disable=g-import-not-at-top
     from rollouts_jax.training.policy import fit_vocabulary  # pylint: disable=g-import-not-at-top
-    from rollouts_jax.training.rl_step import init_train_state, rl_optimizer  # pylint: disable=g-import-not-at-top
+    from rollouts_jax.training import init_train_state, rl_optimizer  # pylint: disable=g-import-not-at-top
     cfg, params, tok = ours
     B, N, T = shape
     P = max(len(r) for r in prompts["ids"][:B])

@@ -151,7 +151,7 @@ def _step_costs(cfg, params, draft_params, rows, P, T, G, repeats):
   """Seconds of one drafter step (1 token), one verification (G + 1 tokens), one plain step (1 token)."""
   import jax
   import jax.numpy as jnp
-  from rollouts_jax.sampling import speculative as spec
+  from rollouts_jax.sampling import engine
   S = P + T + G + 2
   cache = tuple(jnp.zeros((rows, S, cfg.num_kv_heads, cfg.head_dim), jnp.float32) for _ in range(cfg.num_layers))
   vis = lambda m: jnp.ones((rows, m, S), bool)
@@ -159,8 +159,8 @@ def _step_costs(cfg, params, draft_params, rows, P, T, G, repeats):
   @jax.jit
   def run(p, tokens):
     m = tokens.shape[1]
-    logits, _, _ = spec._run_tokens(cfg, p, spec._layers(p), cache, cache, tokens,  # pylint: disable=protected-access
-                                    jnp.zeros((rows, m), jnp.int32) + P, jnp.full((rows,), P, jnp.int32), vis(m))
+    logits, _, _ = engine.tokens_forward(cfg, p, engine.layer_params(cfg, p), cache, cache, tokens,
+                                         jnp.zeros((rows, m), jnp.int32) + P, jnp.full((rows,), P, jnp.int32), vis(m))
     return logits
 
   one, wide = jnp.ones((rows, 1), jnp.int32), jnp.ones((rows, G + 1), jnp.int32)

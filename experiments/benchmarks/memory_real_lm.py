@@ -210,7 +210,8 @@ def run_child(args) -> None:
   from rollouts_jax import data, models, sampling  # pylint: disable=g-import-not-at-top
   from rollouts_jax.training import build  # pylint: disable=g-import-not-at-top
   from rollouts_jax.training.policy import fit_vocabulary  # pylint: disable=g-import-not-at-top
-  from rollouts_jax.training.rl_step import init_train_state, rl_optimizer, rl_step  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import init_train_state, rl_optimizer  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training.rl_step import rl_step  # pylint: disable=g-import-not-at-top
 
   exp = experiment(B, N, T, variant, args.seed)
   path = models.smollm2_path()

@@ -44,7 +44,8 @@ flags.DEFINE_integer("join_timeout_s", 120, "Seconds every process has to join t
 flags.DEFINE_integer("heartbeat_timeout_s", 30, "Seconds without a heartbeat before JAX declares a process dead.")
 flags.DEFINE_integer("max_restarts", 0, "Local cluster: restarts from the last checkpoint after a process fails.")
 flags.DEFINE_string("fault_kill", "", "Fault drill: 'PROCESS:STEP' makes that process SIGKILL itself when its round "
-                    "STEP begins (local cluster: in the first attempt only).")
+                    "STEP begins; 'PROCESS:STEP:update' (a trainer) in the middle of step STEP, after its update "
+                    "and metrics row, before its checkpoint (local cluster: in the first attempt only).")
 flags.DEFINE_string("skip_process_ids", "", "Testing: comma-separated process ids the local launcher never starts.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
@@ -154,13 +155,20 @@ def _process() -> None:
   num = FLAGS.num_rollout_processes + FLAGS.num_trainer_processes
   if FLAGS.coordinator_address is None:
     raise app.UsageError("--process_id needs --coordinator_address.")
+  kill = kill_update = None
+  if FLAGS.fault_kill:
+    parts = FLAGS.fault_kill.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "update"):
+      raise app.UsageError(f"--fault_kill={FLAGS.fault_kill!r}: expected 'PROCESS:STEP' or 'PROCESS:STEP:update'.")
+    if int(parts[0]) == FLAGS.process_id:
+      if len(parts) == 3:
+        kill_update = int(parts[1])
+      else:
+        kill = int(parts[1])
   disaggregated.join(FLAGS.coordinator_address, num, FLAGS.process_id, join_timeout_s=FLAGS.join_timeout_s,
                      heartbeat_timeout_s=FLAGS.heartbeat_timeout_s)
-  kill = None
-  if FLAGS.fault_kill:
-    who, at = (int(x) for x in FLAGS.fault_kill.split(":"))
-    kill = at if who == FLAGS.process_id else None
-  out = disaggregated.train(exp, FLAGS.workdir, num_trainers=FLAGS.num_trainer_processes, kill_at_round=kill)
+  out = disaggregated.train(exp, FLAGS.workdir, num_trainers=FLAGS.num_trainer_processes, kill_at_round=kill,
+                            kill_in_update=kill_update)
   if "after" in out:
     print("after RL: " + ", ".join(f"{k}={v:.3f}" for k, v in out["after"].items()), flush=True)
   print(f"DISAGG_DONE {FLAGS.process_id}", flush=True)

@@ -11,7 +11,7 @@ then moves the batch. Per step, with K tokens:
   S = 0:  step = comm + gen + train          S >= 1:  step = comm + max(gen, train)
 
 and every trained batch is exactly S versions old after the first S steps (`batch_version`).
-ECHO-2's overlap model (`async_rollouts.capacity`) gives the smallest S that hides generation.
+ECHO-2's overlap model (`rollout.source.capacity`) gives the smallest S that hides generation.
 `measure` calibrates c_sample, c_train and the communication from a local 1 + 1, S = 0 run,
 predicts 1 + 1 (S = 1) and 2 + 1 (S = 1), runs them, prints predicted vs measured, and the 1 + 1
 throughput against the one-process loop. Time it on a quiet machine (other work skews it).
@@ -28,7 +28,7 @@ import sys
 
 from absl import app, flags
 
-from rollouts_jax.training import async_rollouts
+from rollouts_jax.rollout import source as source_lib
 
 flags.DEFINE_enum("mode", "cluster", ["cluster", "measure"], "cluster: the 7B example; measure: local runs.")
 flags.DEFINE_string("config", "configs/default.py:smoke", "Config of the measured runs.")
@@ -51,7 +51,7 @@ def predict(c: Costs, tokens: float, rollouts: int, R: int, T: int, S: int) -> d
   gen, train = tokens * c.sample_s / R, tokens * c.train_s / T
   comm = c.handoff_s + tokens * c.move_s
   step = comm + gen + train if S == 0 else comm + max(gen, train)
-  echo = async_rollouts.capacity(train_s=train, handoff_s=comm, rollouts_per_s=rollouts / gen,
+  echo = source_lib.capacity(train_s=train, handoff_s=comm, rollouts_per_s=rollouts / gen,
                                  batch_rollouts=rollouts, staleness=max(S, 1))
   return {"R": R, "T": T, "S": S, "gen_s": gen, "train_s": train, "comm_s": comm, "step_s": step,
           "tokens_per_s": tokens / step, "staleness": S, "min_staleness_to_hide_gen": echo.min_staleness,

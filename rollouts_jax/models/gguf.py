@@ -226,9 +226,24 @@ def _checked(path: pathlib.Path):
   return cfg, tensors, plan
 
 
+_CHECKED: dict[tuple, ModelConfig] = {}
+
+
 def check_gguf(path: str | os.PathLike) -> ModelConfig:
-  """Checks a GGUF file as `load_gguf` would, without dequantizing anything; returns its config."""
-  return _checked(pathlib.Path(path))[0]
+  """Checks a GGUF file as `load_gguf` would, without dequantizing anything; returns its config.
+
+  Parsing the metadata takes seconds (a 49k-entry vocabulary), so a file checked once is not
+  parsed again while its size and modification time are unchanged.
+  """
+  path = pathlib.Path(path)
+  st = path.stat() if path.is_file() else None
+  key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None
+  if key is None or key not in _CHECKED:
+    cfg = _checked(path)[0]
+    if key is None:
+      return cfg
+    _CHECKED[key] = cfg
+  return _CHECKED[key]
 
 
 def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig, Params]:

@@ -127,32 +127,36 @@ def pick_and_entropy(logp_RxTxV: jax.Array, tokens_RxT: jax.Array) -> tuple[jax.
 
 
 def rows_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax.Array, prompt_len: int,
-                  num_micro: int = 1, temperature: float = 1.0, *, vocab: bool = False, chunk: int = 0) -> jax.Array:
+                  num_micro: int = 1, temperature: float = 1.0, *, vocab: bool = False, chunk: int = 0,
+                  entropy: bool = False):
   """Completion log-probs [R, T] of teacher-forced rows (or over the vocabulary, [R, T, V]), no gradient.
 
   The rows go through the model `num_micro` at a time in a scan (it must divide R); `chunk`
-  positions through the output head at a time (0: all; not with `vocab`).
+  positions through the output head at a time (0: all; not with `vocab`). With `entropy`,
+  (log-probs [R, T], entropies [R, T]) of the tempered distribution.
   """
   split = lambda x: x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
+  merge = lambda x: jax.lax.stop_gradient(x.reshape((-1,) + x.shape[2:]))
 
   def body(_, xs):
     if vocab:
       return None, vocab_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature)
-    lp, _ = token_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature, chunk=chunk)
-    return None, lp
-  _, lp = jax.lax.scan(body, None, (split(tokens_RxL), split(mask_RxL)))
-  return jax.lax.stop_gradient(lp.reshape((-1,) + lp.shape[2:]))
+    lp, ent = token_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature, chunk=chunk)
+    return None, (lp, ent) if entropy else lp
+  _, out = jax.lax.scan(body, None, (split(tokens_RxL), split(mask_RxL)))
+  return jax.tree_util.tree_map(merge, out)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows", "vocab", "chunk"))
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows", "vocab", "chunk", "entropy"))
 def batch_logprobs(params, prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
                    completion_mask: jax.Array, *, cfg: ModelConfig, temperature: float = 1.0,
-                   micro_rows: int = 0, vocab: bool = False, chunk: int = 0) -> jax.Array:
+                   micro_rows: int = 0, vocab: bool = False, chunk: int = 0, entropy: bool = False):
   """Log-probs [B, N, T] of a batch's completion tokens under `params` (no gradient; 0 off the mask).
 
   The one teacher-forced scorer of a grouped batch: the update's old and reference log-probs
   use its row form (`rows_logprobs`), the asynchronous loop's stale-batch and proximal-policy
-  log-probs call it, and so do the distillation teacher's. With `vocab`, the log-probs over
+  log-probs call it, and so do the distillation teacher's and Sol-RL's recompute (with `entropy`:
+  (log-probs, entropies), both [B, N, T]). With `vocab`, the log-probs over
   the whole vocabulary at those positions, [B, N, T, V] (the teacher's side of
   full-vocabulary distillation, `losses.full_reverse_kl`). `micro_rows` rows go through the
   model at a time (0: all B * N; it must divide B * N), and `chunk` completion positions
@@ -163,7 +167,10 @@ def batch_logprobs(params, prompt_ids: jax.Array, prompt_mask: jax.Array, comple
   micro = micro_rows or R
   if R % micro:
     raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
-  lp = rows_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature, vocab=vocab,
-                     chunk=chunk)
-  lp = lp.reshape(completion_ids.shape + lp.shape[2:])
-  return jnp.where(completion_mask.reshape(completion_mask.shape + (1,) * (lp.ndim - 3)), lp, 0.0)
+  out = rows_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature, vocab=vocab,
+                      chunk=chunk, entropy=entropy and not vocab)
+
+  def shaped(x):
+    x = x.reshape(completion_ids.shape + x.shape[2:])
+    return jnp.where(completion_mask.reshape(completion_mask.shape + (1,) * (x.ndim - 3)), x, 0.0)
+  return jax.tree_util.tree_map(shaped, out)

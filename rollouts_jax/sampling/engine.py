@@ -98,6 +98,25 @@ def layer_params(cfg: ModelConfig, params: Params) -> tuple:
   return tuple(jax.tree.map(lambda a, l=l: a[l], params["layers"]) for l in range(cfg.num_layers))
 
 
+def tokens_forward(cfg: ModelConfig, params: Params, layers: tuple, k_cache: tuple, v_cache: tuple, tokens_RxM,
+                   positions_RxM, slot_R, visible_RxMxS):
+  """M tokens per row through the model against a flat per-row cache; returns (logits, k_cache, v_cache).
+
+  Each layer's cache is [R, S, K, Dh]; the tokens' keys and values are written at slots
+  [slot_R, slot_R + M) and each query sees the slots `visible_RxMxS` allows. The verification
+  and drafting forward of self-speculative decoding (EfficientRollout).
+  """
+  x = transformer.embed(params, tokens_RxM, transformer.activation_dtype(cfg, params))
+  put = jax.vmap(lambda c, new, s: jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0)))
+  ks, vs = list(k_cache), list(v_cache)
+  for l, lp in enumerate(layers):
+    q, k, v = transformer.qkv(cfg, lp, x, positions_RxM)
+    ks[l], vs[l] = put(ks[l], k, slot_R), put(vs[l], v, slot_R)
+    attn = transformer.attend(cfg, q, ks[l].astype(q.dtype), vs[l].astype(q.dtype), visible_RxMxS)
+    x = transformer.finish_layer(cfg, lp, x, attn)
+  return models.unembed(cfg, params, x).astype(jnp.float32), tuple(ks), tuple(vs)
+
+
 @flax.struct.dataclass
 class DecodeState:
   """What a decoding step reads and writes (R rows, T = max_new_tokens)."""

@@ -141,19 +141,6 @@ def recompute_logprobs(cfg: ModelConfig, params: Params, prompt_ids: Any, prompt
 # ------------------------------------------------------------------ the pipeline's recompute step
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "num_chunks"))
-def _batch_logprobs_jit(cfg: ModelConfig, params: Params, prompt_ids_BxP, prompt_mask_BxP, completion_ids_BxKxT,
-                        temperature: float, num_chunks: int):
-  B, K, T = completion_ids_BxKxT.shape
-  P = prompt_ids_BxP.shape[1]
-  R = B * K
-  tokens_RxL, attn_RxL = teacher_forced_rows(prompt_ids_BxP, prompt_mask_BxP, completion_ids_BxKxT)
-  split = lambda x: x.reshape((num_chunks, R // num_chunks) + x.shape[1:])
-  lp, ent = jax.lax.map(lambda xs: models.token_logprobs(cfg, params, xs[0], xs[1], P, temperature=temperature),
-                        (split(tokens_RxL), split(attn_RxL)))
-  return lp.reshape(B, K, T), ent.reshape(B, K, T)
-
-
 def recompute_batch(cfg: ModelConfig, params: Params, batch, *, temperature: float = 1.0, num_chunks: int = 1):
   """Sol-RL's stage 2 on a `RolloutBatch`: the trainer's log-probs of its tokens under `params`.
 
@@ -175,8 +162,10 @@ def recompute_batch(cfg: ModelConfig, params: Params, batch, *, temperature: flo
   B, K, T = batch.completion_ids.shape
   if num_chunks < 1 or (B * K) % num_chunks:
     raise ValueError(f"num_chunks={num_chunks} must divide B * k = {B * K}.")
-  lp, ent = _batch_logprobs_jit(cfg, params, jnp.asarray(batch.prompt_ids, jnp.int32), jnp.asarray(batch.prompt_mask),
-                                jnp.asarray(batch.completion_ids, jnp.int32), float(temperature), num_chunks)
+  lp, ent = models.batch_logprobs(params, jnp.asarray(batch.prompt_ids, jnp.int32), jnp.asarray(batch.prompt_mask),
+                                  jnp.asarray(batch.completion_ids, jnp.int32), jnp.asarray(batch.completion_mask),
+                                  cfg=cfg, temperature=float(temperature), micro_rows=B * K // num_chunks,
+                                  entropy=True)
   m = np.asarray(batch.completion_mask)
   lp, ent = np.where(m, np.asarray(lp), 0.0).astype(np.float32), np.where(m, np.asarray(ent), 0.0).astype(np.float32)
   gap = float((np.abs(lp - np.asarray(batch.behaviour_logprobs)) * m).sum() / max(m.sum(), 1))

@@ -57,9 +57,9 @@ import numpy as np
 
 from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
-from rollouts_jax.models import transformer
 from rollouts_jax.sampling.config import (SampleOutput, SamplingConfig, bucket_length, check_prompts, left_pad_to,
                                           mask_after_eos, process_logits)
+from rollouts_jax.sampling import engine
 from rollouts_jax.sampling.generate import sample
 from rollouts_jax.sampling.resume import continue_from
 
@@ -420,24 +420,6 @@ def expected_speedup(alpha: float, gamma_max: int, draft_cost: float, verify_cos
 # ----------------------------------------------------------------- EfficientRollout's engine
 
 
-def _layers(params):
-  return tuple(jax.tree_util.tree_map(lambda a, l=l: a[l], params["layers"])
-               for l in range(params["layers"]["input_norm"].shape[0]))
-
-
-def _run_tokens(cfg, params, layers, k_cache, v_cache, tokens_RxM, positions_RxM, slot_R, visible_RxMxS):
-  """Runs M tokens per row, writing their keys/values at slots [slot_R, slot_R + M); returns logits."""
-  x = transformer.embed(params, tokens_RxM, transformer.activation_dtype(cfg, params))
-  put = jax.vmap(lambda c, new, s: jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0)))
-  ks, vs = list(k_cache), list(v_cache)
-  for l, lp in enumerate(layers):
-    q, k, v = transformer.qkv(cfg, lp, x, positions_RxM)
-    ks[l], vs[l] = put(ks[l], k, slot_R), put(vs[l], v, slot_R)
-    attn = transformer.attend(cfg, q, ks[l].astype(q.dtype), vs[l].astype(q.dtype), visible_RxMxS)
-    x = transformer.finish_layer(cfg, lp, x, attn)
-  return models.unembed(cfg, params, x).astype(jnp.float32), tuple(ks), tuple(vs)
-
-
 @flax.struct.dataclass
 class _SpecState:
   n_R: jax.Array            # committed completion tokens per row
@@ -473,7 +455,7 @@ def _self_spec_jit(cfg: ModelConfig, config: SamplingConfig, params, draft_param
   pmask_S = jnp.concatenate([rep(prompt_mask_BxP), jnp.ones((R, S - P), bool)], axis=1)   # [R, S]
   plen_R = rep(jnp.sum(prompt_mask_BxP, axis=1, dtype=jnp.int32))
   slots_S = jnp.arange(S)
-  t_layers, d_layers = _layers(params), _layers(draft_params)
+  t_layers, d_layers = engine.layer_params(cfg, params), engine.layer_params(cfg, draft_params)
   greedy = config.is_greedy
 
   # Prefill both caches with the prompts (at [B, P], then one copy per sample).
@@ -483,7 +465,8 @@ def _self_spec_jit(cfg: ModelConfig, config: SamplingConfig, params, draft_param
   empty = tuple(jnp.zeros((B, S, K, Dh), dtype) for _ in range(L))
 
   def prefill(p, layers):
-    _, k, v = _run_tokens(cfg, p, layers, empty, empty, prompt_ids_BxP, pos_p, jnp.zeros((B,), jnp.int32), vis_p)
+    _, k, v = engine.tokens_forward(cfg, p, layers, empty, empty, prompt_ids_BxP, pos_p, jnp.zeros((B,), jnp.int32),
+                                    vis_p)
     return tuple(rep(x) for x in k), tuple(rep(x) for x in v)
 
   tk, tv = prefill(params, t_layers)
@@ -515,8 +498,8 @@ def _self_spec_jit(cfg: ModelConfig, config: SamplingConfig, params, draft_param
     # Draft: re-feed the last two committed tokens (the one before may be missing from the
     # drafter's cache after a fully accepted round), then feed each draft token.
     j0 = n[:, None] + jnp.arange(-2, 0)[None]
-    logits, dk, dv = _run_tokens(cfg, draft_params, d_layers, s.dk, s.dv, token_at(s.tokens, j0), plen_R[:, None] + j0,
-                                 P + n - 2, visible(j0))
+    logits, dk, dv = engine.tokens_forward(cfg, draft_params, d_layers, s.dk, s.dv, token_at(s.tokens, j0),
+                                           plen_R[:, None] + j0, P + n - 2, visible(j0))
     d0 = choose(logits[:, -1], u[:, 0])
     drafts = jnp.zeros((R, G), jnp.int32).at[:, 0].set(d0)
     qs = jnp.zeros((R, G, V), jnp.float32).at[:, 0].set(
@@ -526,8 +509,8 @@ def _self_spec_jit(cfg: ModelConfig, config: SamplingConfig, params, draft_param
       drafts, qs, dk, dv = carry
       j = (n + i - 1)[:, None]
       tok = jnp.take_along_axis(drafts, jnp.full((R, 1), i - 1), axis=1)
-      lg, dk, dv = _run_tokens(cfg, draft_params, d_layers, dk, dv, tok, plen_R[:, None] + j, P + n + i - 1,
-                               visible(j))
+      lg, dk, dv = engine.tokens_forward(cfg, draft_params, d_layers, dk, dv, tok, plen_R[:, None] + j, P + n + i - 1,
+                                         visible(j))
       d = choose(lg[:, 0], jax.lax.dynamic_index_in_dim(u, i, axis=1, keepdims=False))
       drafts = jax.lax.dynamic_update_index_in_dim(drafts, d, i, axis=1)
       qs = jax.lax.dynamic_update_index_in_dim(qs, lg[:, 0] if greedy else _sampling_logp(lg[:, 0], config), i, axis=1)
@@ -537,8 +520,8 @@ def _self_spec_jit(cfg: ModelConfig, config: SamplingConfig, params, draft_param
     # Verify: the last committed token and the G draft slots in one forward of the target.
     jv = n[:, None] - 1 + jnp.arange(G + 1)[None]
     feed = jnp.concatenate([token_at(s.tokens, n[:, None] - 1), drafts], axis=1)
-    logits, tk, tv = _run_tokens(cfg, params, t_layers, s.tk, s.tv, feed, plen_R[:, None] + jv, P + n - 1,
-                                 visible(jv))                                       # [R, G + 1, V]
+    logits, tk, tv = engine.tokens_forward(cfg, params, t_layers, s.tk, s.tv, feed, plen_R[:, None] + jv, P + n - 1,
+                                           visible(jv))                             # [R, G + 1, V]
     policy_logp = jax.nn.log_softmax(logits, axis=-1)
     ent = -jnp.sum(jnp.exp(policy_logp) * policy_logp, axis=-1)
     live_slot = jnp.arange(G)[None] < gamma

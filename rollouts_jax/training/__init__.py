@@ -14,11 +14,11 @@ from rollouts_jax.io.plots import plot_curves
 # The step function stays at rollouts_jax.training.rl_step.rl_step (not re-exported here, so that
 # `rollouts_jax.training.rl_step` keeps naming the module).
 from rollouts_jax.training.rl_step import (Rollouts, TrainState, completion_logprobs, init_train_state,
-                                          make_optimizer)
+                                          make_optimizer, rl_optimizer)
 
 __all__ = [
     "Checkpointer", "load_params", "save_params", "ExperimentConfig", "RLConfig", "apply_smoke",
     "base_config_dict", "from_config_dict", "load_config_file", "maj_at_k", "mean_pass_at_k", "pass_at_k",
     "MetricsLogger", "plot_curves", "read_jsonl", "Rollouts", "TrainState", "completion_logprobs",
-    "init_train_state", "make_optimizer",
+    "init_train_state", "make_optimizer", "rl_optimizer",
 ]

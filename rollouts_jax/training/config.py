@@ -11,17 +11,43 @@ sees these frozen dataclasses, and each stage is built from its own section:
 | `control`   | CONTROL: the prompt selector, dynamic sampling                         |
 | `replay`    | REPLAY: the rollout buffer                                             |
 | `rl`        | the update (`training.rl_step`): advantage recipe, loss, optimizer     |
-| `async_rl`  | rollouts overlapped with updates (`training.async_rollouts`)           |
+| `async_rl`  | rollouts overlapped with updates (`rollout.source`)                    |
 | `lora`      | LoRA adapters: what the update trains (`models.lora`), 0 = full        |
 
 `from_config_dict` converts a ConfigDict, rejects keys that no code reads (naming them) and
-validates every name and size before anything is built or compiled.
+validates every name and size before anything is built or compiled (`validate`): first each
+section's own `check()`, which reads that section alone (names and registry lookups, sizes, signs,
+ranges, which of its own modes combine), then the rules between sections, `CROSS_SECTION_RULES`:
+
+  `_model_tokenizer`     model.init='gguf' / tokenizer.kind='gguf' and tokenizer.kind, tokenizer.path
+  `_lora_model_mesh`     lora.rank and the model's sizes, mesh.shape / mesh.rollout_shape
+  `_truncation_tis`      rollout.top_k / top_p and rl.tis_cap
+  `_environment`         rollout.env and reward.name / overlong_buffer; rollout.turn_credit and rl.echo_shaping
+  `_generator_settings`  rollout.generator_kwargs' values and control.prompts_per_step
+  `_external_samples`    rollout.external_samples and rl.advantage='erils', rl.tis_cap, replay.name, reward.name
+  `_cat_reward`          reward term 'cat' and rollout.partial_rollouts / external_samples
+  `_distill_kl`          rl.distill_kl and rollout.distill
+  `_distill`             rollout.distill and replay.name, control.dynamic_sampling, reward.name
+  `_generator_paths`     rollout.generator and reward.name (co_reward), replay.name
+  `_partial_rollouts`    rollout.partial_rollouts and control.dynamic_sampling, reward.name
+  `_task_reward`         data.task's splits / rewrites and reward.name, model.init
+  `_overlong_buffer`     reward.overlong_buffer and rollout.max_new_tokens
+  `_selector`            control.* and reward.ref_samples, rollout.num_samples / generator / partial_rollouts
+  `_replay_capacity`     replay.capacity and control.prompts_per_step
+  `_kl_horizon`          rl.kl_horizon and control.prompts_per_step x rollout.num_samples
+  `_echo_tree`           rl.echo_clip / echo_shaping and rollout.generator='tree'
+  `_minibatches`         rl.num_minibatches / micro_batch_size and control.prompts_per_step x rollout.num_samples
+  `_critic`              rl.advantage='gae' and rollout.generator / turn_credit / distill
+  `_uniqueness_clusters` rl.advantage='uniqueness*', reward.clusters and data.task
+  `_reference_rewards`   rl.advantage (reference_anchor, pvpo) and reward.ref_samples
+  `_async_old_logprobs`  async_rl.* and rl.tis_cap, rollout.generator / external_samples / partial_rollouts, replay.name
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import os
 import typing
 from typing import Any, Mapping
@@ -51,11 +77,22 @@ class DataConfig:
   template: str = "plain"       # "plain" or "chat"
   max_prompt_len: int = 64
 
+  def check(self) -> None:
+    """The `data` keys: the template, the task by name and the task's own checks of this section."""
+    from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
+    _one_of(self.template, ("plain", "chat"), "data.template")
+    tasks.get(self.task, key="data.task").check_config(self)
+    _positive(self.max_prompt_len, "data.max_prompt_len")
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
   kind: str = "char"            # "char", "sentencepiece", "hf" (tokenizer.json of a checkpoint) or "gguf"
   path: str = ""                # model file / folder; "" = next to the warm start (or model.path for hf / gguf)
+
+  def check(self) -> None:
+    """The `tokenizer` keys: the kind by name."""
+    _one_of(self.kind, ("char", "sentencepiece", "hf", "gguf"), "tokenizer.kind")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +117,36 @@ class ModelSectionConfig:
   compute_dtype: str = ""
   activation_dtype: str = ""    # "float32": fp32 residual stream under bf16 weights (ModelConfig.activation_dtype)
 
+  def check(self) -> None:
+    """The `model` keys: the source (a GGUF file or HF folder that exists), architecture, dtypes and sizes."""
+    from rollouts_jax.models import SUPPORTED_MODEL_TYPES  # pylint: disable=g-import-not-at-top
+    _one_of(self.init, ("sft", "hf", "gguf", "random"), "model.init")
+    if self.init == "gguf":
+      from rollouts_jax.models import gguf  # pylint: disable=g-import-not-at-top
+      if not self.path:
+        raise ValueError("model.init='gguf' needs model.path, a .gguf file (or 'smollm2').")
+      try:
+        gguf.check_gguf(gguf.resolve_path(self.path))
+      except (gguf.GGUFError, FileNotFoundError) as e:
+        raise ValueError(f"model.path={self.path!r}: {e}") from e
+    elif self.init == "hf":
+      if not self.path:
+        raise ValueError("model.init='hf' needs model.path, a local folder in Hugging Face layout.")
+      if not os.path.isfile(os.path.join(self.path, "config.json")):
+        raise FileNotFoundError(f"model.path={self.path!r} has no config.json (no download is attempted; "
+                                "put the checkpoint folder there).")
+    elif self.model_type not in SUPPORTED_MODEL_TYPES:
+      raise ValueError(f"Unsupported model.model_type {self.model_type!r}; supported: "
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+    _one_of(self.dtype, ("float32", "bfloat16"), "model.dtype")
+    _one_of(self.compute_dtype, ("", "float32", "bfloat16"), "model.compute_dtype")
+    _one_of(self.activation_dtype, ("", "float32"), "model.activation_dtype")
+    for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+      _positive(getattr(self, key), f"model.{key}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"model.num_heads {self.num_heads} must be a multiple of model.num_kv_heads "
+                       f"{self.num_kv_heads}.")
+
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
@@ -91,6 +158,12 @@ class SFTConfig:
   grad_clip: float = 1.0
   cache_dir: str = ""           # "" = ~/.cache/rollouts_jax/warmstart; a warm start is reused by hash
   log_every: int = 50
+
+  def check(self) -> None:
+    """The `sft` keys: steps, batch size and learning rate."""
+    for key in ("steps", "batch_size"):
+      _positive(getattr(self, key), f"sft.{key}")
+    _positive(self.learning_rate, "sft.learning_rate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +237,57 @@ class RolloutConfig:
   turn_credit: str = "trajectory"
   turn_gamma: float = 1.0
 
+  def check(self) -> None:
+    """The `rollout` keys: sampler sizes and ranges, distillation and teacher, the environment, the
+    generator's name and setting names (their values: `_generator_settings`), which of its modes combine."""
+    from rollouts_jax import rollout  # pylint: disable=g-import-not-at-top
+    _positive(self.num_samples, "rollout.num_samples")
+    _positive(self.max_new_tokens, "rollout.max_new_tokens")
+    _positive(self.temperature, "rollout.temperature")
+    _positive(self.top_k, "rollout.top_k", allow_zero=True)
+    _positive(self.sample_chunk, "rollout.sample_chunk", allow_zero=True)
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {self.top_p}.")
+    if (self.top_k or self.top_p < 1.0) and self.distill:   # truncation without rl.tis_cap: _truncation_tis
+      truncation = f"rollout.top_k={self.top_k}" if self.top_k else f"rollout.top_p={self.top_p}"
+      raise ValueError(f"{truncation} does not combine with rollout.distill: the teacher's advantage compares "
+                       f"full distributions with the student's behaviour log-probs; turn truncation off.")
+    if self.distill in ("esr", "adwin", "esr_full", "adwin_full"):
+      raise ValueError(f"rollout.distill={self.distill!r} is now rollout.distill="
+                       f"{'opd_full' if self.distill.endswith('_full') else 'opd'!r} with rollout.generator="
+                       f"{self.distill.removesuffix('_full')!r} (its window in rollout.generator_kwargs).")
+    _one_of(self.distill, DISTILL_MODES, "rollout.distill")
+    if bool(self.env) != (self.generator == "multiturn"):
+      raise ValueError(f"Config keys rollout.env={self.env!r} and rollout.generator={self.generator!r}: an "
+                       f"environment needs rollout.generator='multiturn', and that generator needs rollout.env.")
+    if self.env:
+      env_settings(self).check(self.max_new_tokens)
+    rollout.check_kwargs(self.generator, parse_kwargs(self.generator_kwargs, "rollout.generator_kwargs"))
+    other_generator = (f"rollout.generator={self.generator!r}", self.generator != "sample")
+    _positive(self.external_samples, "rollout.external_samples", allow_zero=True)
+    if self.external_samples:
+      if not (self.teacher_sft_steps > 0 or self.teacher_path):
+        raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
+                         "rollout.external_samples (the external policy is the warm start trained that many SFT "
+                         "steps, or a local checkpoint).")
+      _not_with("rollout.external_samples", (("rollout.partial_rollouts", self.partial_rollouts), other_generator))
+    if self.teacher_path and not os.path.isfile(os.path.join(self.teacher_path, "config.json")):
+      raise FileNotFoundError(f"rollout.teacher_path={self.teacher_path!r} has no config.json (a local folder in "
+                              "Hugging Face layout; nothing is downloaded).")
+    if self.distill:
+      if not (self.teacher_sft_steps > 0 or self.teacher_path):
+        raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
+                         "rollout.distill (the teacher is the warm start trained that many SFT steps, or a local "
+                         "checkpoint).")
+      _not_with("rollout.distill", (("rollout.partial_rollouts", self.partial_rollouts),
+                                    (other_generator[0], self.generator not in ("sample", "esr", "adwin")),
+                                    ("rollout.external_samples", bool(self.external_samples))))
+    if self.generator != "sample":   # a generator decodes in place of APRIL's own path
+      _not_with(other_generator[0], (("rollout.partial_rollouts", self.partial_rollouts),))
+    if self.partial_rollouts and not self.over_provision > 0:
+      raise ValueError(f"Config key rollout.over_provision must be > 0 with rollout.partial_rollouts, "
+                       f"got {self.over_provision}.")
+
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
@@ -185,6 +309,23 @@ class RewardConfig:
   ref_samples: int = 0          # PVPO: reference-policy rollouts per prompt (0 = off)
   ref_refresh: int = 0          # PVPO: recompute a prompt's reference rewards after this many steps (0: never)
 
+  def check(self) -> None:
+    """The `reward` keys: the reward spec by name, grader settings, shaping and reference-reward sizes."""
+    from rollouts_jax import rewards  # pylint: disable=g-import-not-at-top
+    spec = rewards.parse_reward_spec(self.name, key="reward.name")
+    if "cat" in [t for t, _ in spec]:
+      _not_with("reward term 'cat'", (("reward.ref_samples", bool(self.ref_samples)),))
+    _positive(self.timeout_s, "reward.timeout_s")
+    if not 0.0 <= self.max_failure_frac <= 1.0:
+      raise ValueError(f"Config key reward.max_failure_frac must be in [0, 1], got {self.max_failure_frac}.")
+    _positive(self.num_workers, "reward.num_workers", allow_zero=True)
+    _positive(self.overlong_buffer, "reward.overlong_buffer", allow_zero=True)
+    _one_of(self.clusters, ("strategy", "answer"), "reward.clusters")
+    if not 0.0 <= self.dare_alpha <= 1.0:
+      raise ValueError(f"Config key reward.dare_alpha must be in [0, 1], got {self.dare_alpha}.")
+    _positive(self.ref_samples, "reward.ref_samples", allow_zero=True)
+    _positive(self.ref_refresh, "reward.ref_refresh", allow_zero=True)
+
 
 @dataclasses.dataclass(frozen=True)
 class ControlConfig:
@@ -199,6 +340,16 @@ class ControlConfig:
   # N >= 0 caps them, and a step that ends short logs `dynamic_sampling/shortfall`.
   max_refills: int = -1
 
+  def check(self) -> None:
+    """The `control` keys: the selector by name and its setting names, the step's prompts, the refill cap."""
+    from rollouts_jax import control  # pylint: disable=g-import-not-at-top
+    control.get(self.name, key="control.name")
+    control.check_kwargs(self.name, parse_kwargs(self.kwargs, "control.kwargs"), key="control.kwargs")
+    _positive(self.prompts_per_step, "control.prompts_per_step")
+    if self.max_refills < -1:
+      raise ValueError(f"Config key control.max_refills must be -1 (until the batch is full) or >= 0, "
+                       f"got {self.max_refills}.")
+
 
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
@@ -206,6 +357,13 @@ class ReplayConfig:
   name: str = "none"            # "none" or "fifo" (surplus informative groups reused next steps)
   capacity: int = 64            # groups
   max_staleness: int = 4        # updates after which a stored group is dropped
+
+  def check(self) -> None:
+    """The `replay` keys: the buffer by name, its capacity and staleness."""
+    from rollouts_jax import replay  # pylint: disable=g-import-not-at-top
+    replay.get(self.name, key="replay.name")
+    _positive(self.capacity, "replay.capacity")
+    _positive(self.max_staleness, "replay.max_staleness", allow_zero=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +437,52 @@ class RLConfig:
   critic_loss_coef: float = 1.0
   critic_warmup: int = 0
 
+  def check(self) -> None:
+    """The `rl` keys: the advantage recipe and loss by name with their settings, the KL controller, ECHO's
+    ranges, signs and sizes, the critic's settings and what `advantage="gae"` combines with within `rl`."""
+    from rollouts_jax import advantages, losses  # pylint: disable=g-import-not-at-top
+    _positive(self.steps, "rl.steps")
+    advantages.build(self.advantage, **parse_kwargs(self.advantage_kwargs, "rl.advantage_kwargs"))
+    _one_of(self.loss_kind, losses.KINDS, "rl.loss_kind")
+    losses.check_kind_kwargs(self.loss_kind, parse_kwargs(self.loss_kwargs, "rl.loss_kwargs"), "rl.loss_kwargs")
+    _one_of(self.kl_ctrl, losses.KL_CONTROLLERS, "rl.kl_ctrl")
+    if self.kl_ctrl == "adaptive":   # the horizon against a step's samples: _kl_horizon
+      if not self.kl_coef > 0:
+        raise ValueError(f"Config key rl.kl_ctrl='adaptive' adapts rl.kl_coef, the starting coefficient: set "
+                         f"rl.kl_coef > 0 (got {self.kl_coef}).")
+      for key in ("kl_target", "kl_horizon"):
+        _positive(getattr(self, key), f"rl.{key}")
+    _one_of(self.agg, losses.AGG_MODES, "rl.agg")
+    _one_of(self.kl_kind, losses.KL_KINDS, "rl.kl_kind")
+    _one_of(self.tis_mode, losses.TIS_MODES, "rl.tis_mode")
+    if self.echo_clip or self.echo_shaping:   # tree rollouts: _echo_tree
+      if self.echo_clip and self.loss_kind != "ppo_clip":
+        raise ValueError(f"rl.echo_clip replaces ppo_clip's clip range; rl.loss_kind is {self.loss_kind!r}.")
+      if not 0 <= self.echo_eps_lo <= self.echo_eps_hi:
+        raise ValueError(f"Config keys rl.echo_eps_lo / rl.echo_eps_hi must satisfy 0 <= lo <= hi, got "
+                         f"{self.echo_eps_lo}, {self.echo_eps_hi}.")
+      if not 0 <= self.echo_shaping <= 1:
+        raise ValueError(f"Config key rl.echo_shaping must be in [0, 1], got {self.echo_shaping}.")
+    for key in ("clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef", "tis_cap", "weight_decay",
+                "grad_clip", "warmup_steps", "micro_batch_size", "logprob_chunk"):
+      _positive(getattr(self, key), f"rl.{key}", allow_zero=True)
+    if self.dual_clip and self.dual_clip <= 1.0:
+      raise ValueError(f"Config key rl.dual_clip must be 0 (off) or > 1, got {self.dual_clip}.")
+    for key in ("ppo_epochs", "num_minibatches", "learning_rate", "adam_eps"):
+      _positive(getattr(self, key), f"rl.{key}")
+    for key in ("critic_learning_rate", "critic_cliprange_value"):
+      _positive(getattr(self, key), f"rl.{key}")
+    for key in ("critic_grad_clip", "critic_loss_coef", "critic_warmup"):
+      _positive(getattr(self, key), f"rl.{key}", allow_zero=True)
+    if self.advantage == "gae":   # what it combines with in other sections: _critic
+      if self.critic_warmup >= self.steps:
+        raise ValueError(f"Config key rl.critic_warmup={self.critic_warmup} must be < rl.steps={self.steps}: the "
+                         "policy would never be trained.")
+      for key, on in (("rl.echo_shaping", bool(self.echo_shaping)), ("rl.echo_clip", self.echo_clip)):
+        if on:
+          raise _gae_conflict(key)
+    _one_of(self.distill_kl, ("reverse", "forward"), "rl.distill_kl")
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -298,11 +502,24 @@ class EvalConfig:
   deeplook: bool = False
   deeplook_kwargs: str = ""
 
+  def check(self) -> None:
+    """The `eval` keys: sizes, selection rules by name and DeepLook's settings."""
+    for key in ("every", "num_examples", "batch_size", "k"):
+      _positive(getattr(self, key), f"eval.{key}", allow_zero=key == "every")
+    for rule in (r.strip() for r in self.selection.split(",") if r.strip()):
+      _one_of(rule, ("bon", "bom", "soft_sc"), "eval.selection")
+    deeplook_settings(self)   # named errors for bad settings, before anything compiles
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
   every: int = 10
   keep: int = 2
+
+  def check(self) -> None:
+    """The `checkpoint` keys, as `io.checkpoint.Checkpointer` takes them (every=0: no periodic saves)."""
+    _positive(self.every, "checkpoint.every", allow_zero=True)
+    _positive(self.keep, "checkpoint.keep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +531,9 @@ class MeshConfig:
   # mesh); weights are handed off to it before each generation.
   rollout_shape: tuple[int, ...] = ()
   rollout_preset: str = ""      # "" = preset
+
+  def check(self) -> None:
+    """No checks here: the mesh is checked against the devices when it is built (`rollouts_jax.sharding`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +555,13 @@ class AsyncConfig:
   old_logprobs: str = "recompute"
   ewma_beta: float = 0.7        # "ewma": centre of mass beta / (1 - beta) updates back
 
+  def check(self) -> None:
+    """The `async_rl` keys: staleness, the old log-probs' source by name, the EWMA's decay."""
+    _positive(self.max_staleness, "async_rl.max_staleness", allow_zero=True)
+    _one_of(self.old_logprobs, OLD_LOGPROBS, "async_rl.old_logprobs")
+    if not 0.0 < self.ewma_beta < 1.0:
+      raise ValueError(f"Config key async_rl.ewma_beta must be in (0, 1), got {self.ewma_beta}.")
+
 
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
@@ -348,6 +575,15 @@ class LoraConfig:
   rank: int = 0                 # r; 0 = off (every parameter is trained)
   alpha: float = 16.0           # the adapters' scale is alpha / rank
   targets: str = "q,k,v,o,gate,up,down"   # comma-separated projections (models.lora.PROJECTIONS)
+
+  def check(self) -> None:
+    """The `lora` keys: rank, alpha and target names (against the projections `models.lora` knows)."""
+    from rollouts_jax.models import lora  # pylint: disable=g-import-not-at-top
+    _positive(self.rank, "lora.rank", allow_zero=True)
+    if not self.rank:
+      return
+    _positive(self.alpha, "lora.alpha")
+    lora.check_targets(self.targets, key="lora.targets")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -563,341 +799,51 @@ def env_settings(ro: RolloutConfig):
                           credit=ro.turn_credit, gamma=ro.turn_gamma)
 
 
-def _check_env(cfg: "ExperimentConfig") -> None:
-  """The `rollout.env*` keys: the environment and the multiturn generator come together; settings checked."""
-  ro = cfg.rollout
-  if bool(ro.env) != (ro.generator == "multiturn"):
-    raise ValueError(f"Config keys rollout.env={ro.env!r} and rollout.generator={ro.generator!r}: an environment "
-                     f"needs rollout.generator='multiturn', and that generator needs rollout.env.")
-  if not ro.env:
-    return
-  env_settings(ro).check(ro.max_new_tokens)
-  if cfg.reward.name != "task" or cfg.reward.overlong_buffer:
-    raise ValueError(f"Config key reward.name={cfg.reward.name!r} (overlong_buffer={cfg.reward.overlong_buffer}): "
-                     f"with rollout.env the environment's rewards are the rewards; leave reward.name='task' and "
-                     f"reward.overlong_buffer=0.")
-  if ro.turn_credit == "turn" and cfg.rl.echo_shaping:
-    raise ValueError("rollout.turn_credit='turn' does not combine with rl.echo_shaping; turn one of them off.")
+# ----------------------------------------------------------------------------------------------
+# Validation: each section's check(), then the rules between sections
+# ----------------------------------------------------------------------------------------------
 
-
-def validate(cfg: ExperimentConfig) -> None:
-  """Checks that can be made before anything is built or compiled (every name, size and sign)."""
-  from rollouts_jax import advantages, control, losses, replay, rewards, rollout, tasks  # pylint: disable=g-import-not-at-top
-  from rollouts_jax.models import SUPPORTED_MODEL_TYPES  # pylint: disable=g-import-not-at-top
-  m = cfg.model
-  _one_of(m.init, ("sft", "hf", "gguf", "random"), "model.init")
-  if m.init == "gguf":
-    from rollouts_jax.models import gguf  # pylint: disable=g-import-not-at-top
-    if not m.path:
-      raise ValueError("model.init='gguf' needs model.path, a .gguf file (or 'smollm2').")
-    try:
-      gguf.check_gguf(gguf.resolve_path(m.path))
-    except (gguf.GGUFError, FileNotFoundError) as e:
-      raise ValueError(f"model.path={m.path!r}: {e}") from e
-    if cfg.tokenizer.kind not in ("gguf", "hf"):
-      raise ValueError(f"model.init='gguf' reads its tokenizer from the file: set tokenizer.kind='gguf' "
-                       f"(got {cfg.tokenizer.kind!r}).")
-  elif m.init == "hf":
-    if not m.path:
-      raise ValueError("model.init='hf' needs model.path, a local folder in Hugging Face layout.")
-    if not os.path.isfile(os.path.join(m.path, "config.json")):
-      raise FileNotFoundError(f"model.path={m.path!r} has no config.json (no download is attempted; "
-                              "put the checkpoint folder there).")
-  elif m.model_type not in SUPPORTED_MODEL_TYPES:
-    raise ValueError(f"Unsupported model.model_type {m.model_type!r}; supported: "
-                     f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
-  _one_of(m.dtype, ("float32", "bfloat16"), "model.dtype")
-  _one_of(m.compute_dtype, ("", "float32", "bfloat16"), "model.compute_dtype")
-  _one_of(m.activation_dtype, ("", "float32"), "model.activation_dtype")
-  for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
-    _positive(getattr(m, key), f"model.{key}")
-  if m.num_heads % m.num_kv_heads:
-    raise ValueError(f"model.num_heads {m.num_heads} must be a multiple of model.num_kv_heads {m.num_kv_heads}.")
-  _validate_lora(cfg)
-  _one_of(cfg.tokenizer.kind, ("char", "sentencepiece", "hf", "gguf"), "tokenizer.kind")
-  if cfg.tokenizer.kind == "gguf" and not cfg.tokenizer.path and m.init != "gguf":
-    raise ValueError("tokenizer.kind='gguf' needs tokenizer.path (a .gguf file) unless model.init='gguf'.")
-  _one_of(cfg.data.template, ("plain", "chat"), "data.template")
-  task = tasks.get(cfg.data.task, key="data.task")
-  task.check_config(cfg.data)
-  _positive(cfg.data.max_prompt_len, "data.max_prompt_len")
-  for key in ("steps", "batch_size"):
-    _positive(getattr(cfg.sft, key), f"sft.{key}")
-  _positive(cfg.sft.learning_rate, "sft.learning_rate")
-
-  ro = cfg.rollout
-  _positive(ro.num_samples, "rollout.num_samples")
-  _positive(ro.max_new_tokens, "rollout.max_new_tokens")
-  _positive(ro.temperature, "rollout.temperature")
-  _positive(ro.top_k, "rollout.top_k", allow_zero=True)
-  _positive(ro.sample_chunk, "rollout.sample_chunk", allow_zero=True)
-  if not 0.0 < ro.top_p <= 1.0:
-    raise ValueError(f"Config key rollout.top_p must be in (0, 1], got {ro.top_p}.")
-  # Top-k / top-p: the behaviour log-probs are those of the truncated distribution that drew the
-  # tokens (mu), the update's are the full tempered softmax (pi). Our choice: keep both and
-  # correct the gap by importance sampling (rl.tis_cap), rather than train the truncated policy.
-  if ro.top_k or ro.top_p < 1.0:
-    truncation = f"rollout.top_k={ro.top_k}" if ro.top_k else f"rollout.top_p={ro.top_p}"
-    if not cfg.rl.tis_cap:
-      raise ValueError(f"{truncation} samples from a truncated distribution while the update scores the full "
-                       f"tempered softmax: set rl.tis_cap > 0 (e.g. 2.0; truncated importance sampling "
-                       f"corrects the gap), or turn truncation off.")
-    if ro.distill:
-      raise ValueError(f"{truncation} does not combine with rollout.distill: the teacher's advantage compares "
-                       f"full distributions with the student's behaviour log-probs; turn truncation off.")
-  if ro.distill in ("esr", "adwin", "esr_full", "adwin_full"):
-    raise ValueError(f"rollout.distill={ro.distill!r} is now rollout.distill="
-                     f"{'opd_full' if ro.distill.endswith('_full') else 'opd'!r} with "
-                     f"rollout.generator={ro.distill.removesuffix('_full')!r} (its window in rollout.generator_kwargs).")
-  _one_of(ro.distill, DISTILL_MODES, "rollout.distill")
-  # The generator is built here on a context with the config's shapes (no model, no weights),
-  # so its own checks of its settings run before anything is loaded or compiled.
-  _check_env(cfg)
-  gen = rollout.check(ro.generator, parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"),
-                      num_samples=ro.num_samples, max_new_tokens=ro.max_new_tokens,
-                      batch_size=cfg.control.prompts_per_step, has_teacher=bool(ro.distill), env=env_settings(ro))
-  # The rules between sections that remain (each names both keys):
-  #  - a generator other than "sample" does not combine with APRIL's partial rollouts or
-  #    Co-Reward's second view (both decode on their own path), nor with ERILS;
-  #  - distillation takes "sample", "esr" or "adwin" and no filter or buffer of groups;
-  #  - a generator that sets the update's fields (tree's node advantages) is not replayed;
-  #  - a generator that sets old log-probs (Sol-RL) keeps async_rl.old_logprobs='recompute'.
-  other_generator = (f"rollout.generator={ro.generator!r}", ro.generator != "sample")
-  _positive(ro.external_samples, "rollout.external_samples", allow_zero=True)
-  if ro.external_samples:
-    if not (ro.teacher_sft_steps > 0 or ro.teacher_path):
-      raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
-                       "rollout.external_samples (the external policy is the warm start trained that many SFT "
-                       "steps, or a local checkpoint).")
-    if cfg.rl.advantage != "erils":
-      raise ValueError(f"rollout.external_samples needs rl.advantage='erils' (per-source normalization), got "
-                       f"{cfg.rl.advantage!r}.")
-    if cfg.rl.tis_cap:
-      raise ValueError("rollout.external_samples needs rl.tis_cap=0: external tokens carry another policy's "
-                       "log-probs and are trained without an importance ratio.")
-    for key, on in (("rollout.partial_rollouts", ro.partial_rollouts), other_generator,
-                    ("replay.name", cfg.replay.name != "none"),
-                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
-      if on:
-        raise ValueError(f"rollout.external_samples does not combine with {key}; turn one of them off.")
-  elif cfg.rl.advantage == "erils":
-    raise ValueError("rl.advantage='erils' needs rollout.external_samples > 0 (external rollouts to normalize apart).")
-  if "cat" in [t for t, _ in rewards.parse_reward_spec(cfg.reward.name)]:
-    for key, on in (("rollout.partial_rollouts", ro.partial_rollouts),
-                    ("rollout.external_samples", bool(ro.external_samples)),
-                    ("reward.ref_samples", bool(cfg.reward.ref_samples))):
-      if on:
-        raise ValueError(f"reward term 'cat' does not combine with {key}; turn one of them off.")
-  _one_of(cfg.rl.distill_kl, ("reverse", "forward"), "rl.distill_kl")
-  if cfg.rl.distill_kl != "reverse" and not ro.distill.endswith("_full"):
-    raise ValueError(f"Config key rl.distill_kl={cfg.rl.distill_kl!r} needs full-vocabulary distillation "
-                     f"(rollout.distill='opd_full'), got rollout.distill={ro.distill!r}.")
-  if ro.teacher_path and not os.path.isfile(os.path.join(ro.teacher_path, "config.json")):
-    raise FileNotFoundError(f"rollout.teacher_path={ro.teacher_path!r} has no config.json (a local folder in "
-                            "Hugging Face layout; nothing is downloaded).")
-  if ro.distill:
-    if not (ro.teacher_sft_steps > 0 or ro.teacher_path):
-      raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
-                       "rollout.distill (the teacher is the warm start trained that many SFT steps, or a local "
-                       "checkpoint).")
-    for key, on in (("rollout.partial_rollouts", ro.partial_rollouts),
-                    (other_generator[0], ro.generator not in ("sample", "esr", "adwin")),
-                    ("rollout.external_samples", bool(ro.external_samples)), ("replay.name", cfg.replay.name != "none"),
-                    ("control.dynamic_sampling", cfg.control.dynamic_sampling),
-                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
-      if on:
-        raise ValueError(f"rollout.distill does not combine with {key}; turn one of them off.")
-  if ro.generator != "sample":   # a generator decodes in place of these modes' own paths
-    for key, on in (("rollout.partial_rollouts", ro.partial_rollouts),
-                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name),
-                    ("replay.name (the generator's update fields are not stored)",
-                     "token_advantages" in gen.fields and cfg.replay.name != "none")):
-      if on:
-        raise ValueError(f"rollout.generator={ro.generator!r} does not combine with {key}; turn one of them off.")
-  if ro.partial_rollouts:
-    if not ro.over_provision > 0:
-      raise ValueError(f"Config key rollout.over_provision must be > 0 with rollout.partial_rollouts, "
-                       f"got {ro.over_provision}.")
-    for key, on in (("control.dynamic_sampling", cfg.control.dynamic_sampling),
-                    ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)):
-      if on:
-        raise ValueError(f"rollout.partial_rollouts does not combine with {key}; turn one of them off.")
-
-  rw = cfg.reward
-  spec = rewards.parse_reward_spec(rw.name, key="reward.name")
-  if not task.has_train_split:  # its prompts are the test set: only label-free training is honest
-    labelled = [t for t, _ in spec if t not in rewards.GROUP_TERMS]
-    if labelled:
-      raise ValueError(f"data.task={cfg.data.task!r} has only a test split, so training on it is test-time RL, "
-                       f"which must not read its answers; reward.name={rw.name!r} grades against them "
-                       f"({', '.join(labelled)}). Use a label-free reward ({', '.join(rewards.GROUP_TERMS[:3])}) "
-                       f"or a task with a train split.")
-    if m.init == "sft":
-      raise ValueError(f"data.task={cfg.data.task!r} has only a test split: model.init='sft' would fine-tune on "
-                       f"its reference solutions. Start from a pretrained model (model.init='hf' or 'gguf').")
-  for term, _ in spec:
-    if term == "co_reward" and not task.can_rewrite:
-      raise ValueError(f"reward.name uses co_reward, which needs a second view of each question; task "
-                       f"{cfg.data.task!r} has no label-preserving rewrite (arithmetic and countdown do).")
-  _positive(rw.timeout_s, "reward.timeout_s")
-  if not 0.0 <= rw.max_failure_frac <= 1.0:
-    raise ValueError(f"Config key reward.max_failure_frac must be in [0, 1], got {rw.max_failure_frac}.")
-  _positive(rw.num_workers, "reward.num_workers", allow_zero=True)
-  _positive(rw.overlong_buffer, "reward.overlong_buffer", allow_zero=True)
-  if rw.overlong_buffer >= ro.max_new_tokens:
-    raise ValueError(f"reward.overlong_buffer {rw.overlong_buffer} must be < rollout.max_new_tokens "
-                     f"{ro.max_new_tokens}.")
-  _one_of(rw.clusters, ("strategy", "answer"), "reward.clusters")
-  if not 0.0 <= rw.dare_alpha <= 1.0:
-    raise ValueError(f"Config key reward.dare_alpha must be in [0, 1], got {rw.dare_alpha}.")
-  _positive(rw.ref_samples, "reward.ref_samples", allow_zero=True)
-  _positive(rw.ref_refresh, "reward.ref_refresh", allow_zero=True)
-
-  c = cfg.control
-  control.get(c.name, key="control.name")
-  if c.name == "pvpo" and not cfg.reward.ref_samples:
-    raise ValueError("control.name='pvpo' selects prompts by their reference-policy accuracy: set "
-                     "reward.ref_samples > 0 (the reference rollouts per prompt, pre-sampled before training).")
-  control.check_kwargs(c.name, parse_kwargs(c.kwargs, "control.kwargs"), key="control.kwargs")
-  _positive(c.prompts_per_step, "control.prompts_per_step")
-  try:   # the selector's own checks of its settings, on a pool of one step's prompts
-    selector = control.build(c.name, num_prompts=c.prompts_per_step, num_samples=cfg.rollout.num_samples,
-                             **parse_kwargs(c.kwargs, "control.kwargs"))
-  except ValueError as e:
-    raise ValueError(f"Config key control.kwargs ({c.name}): {e}") from e
-  if selector.refine is not None:
-    # A second phase decodes only the rollouts it adds: the plain generator's budgets.
-    if cfg.rollout.generator != "sample" or cfg.rollout.partial_rollouts:
-      raise ValueError(f"control.name={c.name!r} decodes its budgets in two phases within a step, which needs "
-                       f"rollout.generator='sample' and no rollout.partial_rollouts (got "
-                       f"rollout.generator={cfg.rollout.generator!r}, partial_rollouts="
-                       f"{cfg.rollout.partial_rollouts}); its one-phase form is in control.kwargs "
-                       f"({'phases=1' if c.name == 'xrpo' else 'same_step=False'}).")
-  if c.max_refills < -1:
-    raise ValueError(f"Config key control.max_refills must be -1 (until the batch is full) or >= 0, "
-                     f"got {c.max_refills}.")
-
-  rp = cfg.replay
-  replay.get(rp.name, key="replay.name")
-  _positive(rp.capacity, "replay.capacity")
-  _positive(rp.max_staleness, "replay.max_staleness", allow_zero=True)
-  if rp.name != "none" and rp.capacity < c.prompts_per_step:
-    raise ValueError(f"replay.capacity {rp.capacity} must be >= control.prompts_per_step {c.prompts_per_step}.")
-
-  rl = cfg.rl
-  _positive(rl.steps, "rl.steps")
-  transform = advantages.build(rl.advantage, **parse_kwargs(rl.advantage_kwargs, "rl.advantage_kwargs"))
-  del transform
-  _one_of(rl.loss_kind, losses.KINDS, "rl.loss_kind")
-  losses.check_kind_kwargs(rl.loss_kind, parse_kwargs(rl.loss_kwargs, "rl.loss_kwargs"), "rl.loss_kwargs")
-  _one_of(rl.kl_ctrl, losses.KL_CONTROLLERS, "rl.kl_ctrl")
-  if rl.kl_ctrl == "adaptive":
-    if not rl.kl_coef > 0:
-      raise ValueError(f"Config key rl.kl_ctrl='adaptive' adapts rl.kl_coef, the starting coefficient: set "
-                       f"rl.kl_coef > 0 (got {rl.kl_coef}).")
-    for key in ("kl_target", "kl_horizon"):
-      _positive(getattr(rl, key), f"rl.{key}")
-    samples = cfg.control.prompts_per_step * ro.num_samples
-    if rl.kl_horizon <= 0.2 * samples:   # one step could multiply the coefficient by 1 - 0.2 * samples / horizon <= 0
-      raise ValueError(f"Config key rl.kl_horizon={rl.kl_horizon} must be > 0.2 x the samples of a step "
-                       f"({samples}), or one step can make the adaptive KL coefficient negative.")
-  _one_of(rl.agg, losses.AGG_MODES, "rl.agg")
-  _one_of(rl.kl_kind, losses.KL_KINDS, "rl.kl_kind")
-  _one_of(rl.tis_mode, losses.TIS_MODES, "rl.tis_mode")
-  if rl.echo_clip or rl.echo_shaping:
-    if ro.generator != "tree":
-      raise ValueError("rl.echo_clip / rl.echo_shaping need rollout.generator='tree' (tree rollouts record each "
-                       "response's confidence).")
-    if rl.echo_clip and rl.loss_kind != "ppo_clip":
-      raise ValueError(f"rl.echo_clip replaces ppo_clip's clip range; rl.loss_kind is {rl.loss_kind!r}.")
-    if not 0 <= rl.echo_eps_lo <= rl.echo_eps_hi:
-      raise ValueError(f"Config keys rl.echo_eps_lo / rl.echo_eps_hi must satisfy 0 <= lo <= hi, got "
-                       f"{rl.echo_eps_lo}, {rl.echo_eps_hi}.")
-    if not 0 <= rl.echo_shaping <= 1:
-      raise ValueError(f"Config key rl.echo_shaping must be in [0, 1], got {rl.echo_shaping}.")
-  for key in ("clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef", "tis_cap", "weight_decay",
-              "grad_clip", "warmup_steps", "micro_batch_size", "logprob_chunk"):
-    _positive(getattr(rl, key), f"rl.{key}", allow_zero=True)
-  if rl.dual_clip and rl.dual_clip <= 1.0:
-    raise ValueError(f"Config key rl.dual_clip must be 0 (off) or > 1, got {rl.dual_clip}.")
-  for key in ("ppo_epochs", "num_minibatches", "learning_rate", "adam_eps"):
-    _positive(getattr(rl, key), f"rl.{key}")
-  if c.prompts_per_step % rl.num_minibatches:
-    raise ValueError(f"control.prompts_per_step {c.prompts_per_step} must be divisible by rl.num_minibatches "
-                     f"{rl.num_minibatches}.")
-  rows = c.prompts_per_step * ro.num_samples // rl.num_minibatches
-  if rl.micro_batch_size and rows % rl.micro_batch_size:
-    raise ValueError(f"Minibatch rows {rows} (control.prompts_per_step * rollout.num_samples / rl.num_minibatches)"
-                     f" must be divisible by rl.micro_batch_size {rl.micro_batch_size}.")
-  _check_critic(cfg, gen)
-  if rl.advantage.startswith("uniqueness") and rw.clusters == "strategy" and not task.has_strategies:
-    raise ValueError(f"rl.advantage={rl.advantage!r} with reward.clusters='strategy' needs a task with solution "
-                     f"strategies (countdown); task {cfg.data.task!r} has none: set reward.clusters='answer'.")
-  if "reference_anchor" in rl.advantage or rl.advantage == "pvpo":
-    if not rw.ref_samples:
-      raise ValueError(f"rl.advantage={rl.advantage!r} needs reference rewards: set reward.ref_samples > 0.")
-  ac = cfg.async_rl
-  _positive(ac.max_staleness, "async_rl.max_staleness", allow_zero=True)
-  _one_of(ac.old_logprobs, OLD_LOGPROBS, "async_rl.old_logprobs")
-  if not 0.0 < ac.ewma_beta < 1.0:
-    raise ValueError(f"Config key async_rl.ewma_beta must be in (0, 1), got {ac.ewma_beta}.")
-  if (ac.max_staleness > 0 and ac.old_logprobs == "recompute" or ac.old_logprobs == "ewma") and not cfg.rl.tis_cap > 0:
-    raise ValueError(
-        f"async_rl.old_logprobs={ac.old_logprobs!r} with async_rl.max_staleness={ac.max_staleness} takes the PPO ratio "
-        "against a proximal policy that did not sample the batch: set rl.tis_cap > 0 (e.g. 2.0) for the behaviour "
-        "importance weight pi_prox / pi_behav (decoupled PPO), optionally with rl.tis_mode='mask'.")
-  if ac.old_logprobs != "recompute":
-    # These set the ratio's log-probs themselves, or carry tokens of versions no longer held.
-    for key, on in ((f"rollout.generator={ro.generator!r} (it sets the ratio's log-probs)",
-                     "old_logprobs" in gen.fields), ("replay.name", rp.name != "none"),
-                    ("rollout.external_samples", bool(ro.external_samples)),
-                    ("rollout.partial_rollouts", ro.partial_rollouts and ac.old_logprobs == "snapshot")):
-      if on:
-        raise ValueError(f"async_rl.old_logprobs={ac.old_logprobs!r} does not combine with {key}; use "
-                         "async_rl.old_logprobs='recompute' or turn it off.")
-  _positive(cfg.max_nonfinite_steps, "max_nonfinite_steps")
-  for key in ("every", "num_examples", "batch_size", "k"):
-    _positive(getattr(cfg.eval, key), f"eval.{key}", allow_zero=key == "every")
-  for rule in (r.strip() for r in cfg.eval.selection.split(",") if r.strip()):
-    _one_of(rule, ("bon", "bom", "soft_sc"), "eval.selection")
-  deeplook_settings(cfg.eval)   # named errors for bad settings, before anything compiles
-
-
-def _check_critic(cfg: ExperimentConfig, gen) -> None:
-  """The `rl.critic_*` keys, and what `rl.advantage="gae"` (token advantages from a critic) combines with."""
-  rl, ro = cfg.rl, cfg.rollout
-  for key in ("critic_learning_rate", "critic_cliprange_value"):
-    _positive(getattr(rl, key), f"rl.{key}")
-  for key in ("critic_grad_clip", "critic_loss_coef", "critic_warmup"):
-    _positive(getattr(rl, key), f"rl.{key}", allow_zero=True)
-  if rl.advantage != "gae":
-    return
-  if rl.critic_warmup >= rl.steps:
-    raise ValueError(f"Config key rl.critic_warmup={rl.critic_warmup} must be < rl.steps={rl.steps}: the policy "
-                     "would never be trained.")
-  # Batches whose update reads per-token advantages or a teacher's distribution of their own.
-  for key, on in ((f"rollout.generator={ro.generator!r} (it sets per-token advantages)",
-                   "token_advantages" in gen.fields and ro.generator != "multiturn"),
-                  ("rollout.turn_credit='turn' (per-turn advantages)",
-                   ro.generator == "multiturn" and ro.turn_credit != "trajectory"),
-                  (f"rollout.distill={ro.distill!r} (the teacher's per-token signal)", bool(ro.distill)),
-                  ("rl.echo_shaping", bool(rl.echo_shaping)), ("rl.echo_clip", rl.echo_clip)):
+def _not_with(what: str, conflicts) -> None:
+  """Raises for the first (key, on) of `conflicts` that is on: `what` does not combine with it."""
+  for key, on in conflicts:
     if on:
-      raise ValueError(f"rl.advantage='gae' takes its token advantages from the critic; it does not combine with "
-                       f"{key}. Use another rl.advantage or turn that off.")
+      raise ValueError(f"{what} does not combine with {key}; turn one of them off.")
 
 
-def _validate_lora(cfg: ExperimentConfig) -> None:
-  """The `lora` section: rank, alpha, target names (against the model's projections), what it combines with."""
-  from rollouts_jax.models import lora  # pylint: disable=g-import-not-at-top
-  lo = cfg.lora
-  _positive(lo.rank, "lora.rank", allow_zero=True)
+def _gae_conflict(key: str) -> ValueError:
+  return ValueError(f"rl.advantage='gae' takes its token advantages from the critic; it does not combine with "
+                    f"{key}. Use another rl.advantage or turn that off.")
+
+
+def _co_reward(cfg: ExperimentConfig) -> tuple[str, bool]:
+  return ("reward.name=co_reward (a second view)", "co_reward" in cfg.reward.name)
+
+
+@functools.lru_cache(maxsize=8)
+def _generator_fields(ro: RolloutConfig, prompts_per_step: int) -> tuple[str, ...]:
+  """The update fields the generator sets (`Generator.fields`), built on the config's shapes (no model)."""
+  from rollouts_jax import rollout  # pylint: disable=g-import-not-at-top
+  gen = rollout.check(ro.generator, parse_kwargs(ro.generator_kwargs, "rollout.generator_kwargs"),
+                      num_samples=ro.num_samples, max_new_tokens=ro.max_new_tokens, batch_size=prompts_per_step,
+                      has_teacher=bool(ro.distill), env=env_settings(ro))
+  return tuple(gen.fields)
+
+
+def _model_tokenizer(cfg: ExperimentConfig) -> None:
+  """model.init='gguf' and tokenizer.kind / tokenizer.path: a GGUF file carries its own tokenizer."""
+  if cfg.model.init == "gguf" and cfg.tokenizer.kind not in ("gguf", "hf"):
+    raise ValueError(f"model.init='gguf' reads its tokenizer from the file: set tokenizer.kind='gguf' "
+                     f"(got {cfg.tokenizer.kind!r}).")
+  if cfg.tokenizer.kind == "gguf" and not cfg.tokenizer.path and cfg.model.init != "gguf":
+    raise ValueError("tokenizer.kind='gguf' needs tokenizer.path (a .gguf file) unless model.init='gguf'.")
+
+
+def _lora_model_mesh(cfg: ExperimentConfig) -> None:
+  """lora.rank against the model's sizes (model.hidden_size ...) and a one-device mesh (mesh.shape, rollout_shape)."""
+  lo, m = cfg.lora, cfg.model
   if not lo.rank:
     return
-  _positive(lo.alpha, "lora.alpha")
-  lora.check_targets(lo.targets, key="lora.targets")
-  if cfg.model.init in ("sft", "random"):   # the model's sizes are known before it loads
-    m = cfg.model
+  if m.init in ("sft", "random"):   # the model's sizes are known before it loads
     smallest = min(m.hidden_size, m.intermediate_size, m.hidden_size // m.num_heads * m.num_kv_heads)
     if lo.rank > smallest:
       raise ValueError(f"Config key lora.rank={lo.rank} exceeds the model's smallest projection side "
@@ -906,6 +852,259 @@ def _validate_lora(cfg: ExperimentConfig) -> None:
     raise ValueError(f"lora.rank > 0 runs on one device for now (mesh.shape={tuple(cfg.mesh.shape)}, "
                      f"mesh.rollout_shape={tuple(cfg.mesh.rollout_shape)}): the sharding rules have no "
                      "axes for adapters yet; set lora.rank=0 or a single-device mesh.")
+
+
+def _truncation_tis(cfg: ExperimentConfig) -> None:
+  """rollout.top_k / rollout.top_p truncation needs rl.tis_cap > 0."""
+  ro = cfg.rollout
+  # Top-k / top-p: the behaviour log-probs are those of the truncated distribution that drew the
+  # tokens (mu), the update's are the full tempered softmax (pi). Our choice: keep both and
+  # correct the gap by importance sampling (rl.tis_cap), rather than train the truncated policy.
+  if (ro.top_k or ro.top_p < 1.0) and not cfg.rl.tis_cap:
+    truncation = f"rollout.top_k={ro.top_k}" if ro.top_k else f"rollout.top_p={ro.top_p}"
+    raise ValueError(f"{truncation} samples from a truncated distribution while the update scores the full "
+                     f"tempered softmax: set rl.tis_cap > 0 (e.g. 2.0; truncated importance sampling "
+                     f"corrects the gap), or turn truncation off.")
+
+
+def _environment(cfg: ExperimentConfig) -> None:
+  """rollout.env against reward.name / overlong_buffer, and rollout.turn_credit='turn' against rl.echo_shaping."""
+  ro = cfg.rollout
+  if not ro.env:
+    return
+  if cfg.reward.name != "task" or cfg.reward.overlong_buffer:
+    raise ValueError(f"Config key reward.name={cfg.reward.name!r} (overlong_buffer={cfg.reward.overlong_buffer}): "
+                     f"with rollout.env the environment's rewards are the rewards; leave reward.name='task' and "
+                     f"reward.overlong_buffer=0.")
+  if ro.turn_credit == "turn" and cfg.rl.echo_shaping:
+    raise ValueError("rollout.turn_credit='turn' does not combine with rl.echo_shaping; turn one of them off.")
+
+
+def _generator_settings(cfg: ExperimentConfig) -> None:
+  """rollout.generator_kwargs' values: the generator is built on rollout's shapes and control.prompts_per_step."""
+  _generator_fields(cfg.rollout, cfg.control.prompts_per_step)
+
+
+def _external_samples(cfg: ExperimentConfig) -> None:
+  """rollout.external_samples (ERILS) and rl.advantage='erils' come together; not with rl.tis_cap, replay.name,
+  co_reward."""
+  ro, rl = cfg.rollout, cfg.rl
+  if ro.external_samples:
+    if rl.advantage != "erils":
+      raise ValueError(f"rollout.external_samples needs rl.advantage='erils' (per-source normalization), got "
+                       f"{rl.advantage!r}.")
+    if rl.tis_cap:
+      raise ValueError("rollout.external_samples needs rl.tis_cap=0: external tokens carry another policy's "
+                       "log-probs and are trained without an importance ratio.")
+    _not_with("rollout.external_samples", (("replay.name", cfg.replay.name != "none"), _co_reward(cfg)))
+  elif rl.advantage == "erils":
+    raise ValueError("rl.advantage='erils' needs rollout.external_samples > 0 (external rollouts to normalize apart).")
+
+
+def _cat_reward(cfg: ExperimentConfig) -> None:
+  """reward term 'cat' against rollout.partial_rollouts and rollout.external_samples."""
+  from rollouts_jax import rewards  # pylint: disable=g-import-not-at-top
+  if "cat" in [t for t, _ in rewards.parse_reward_spec(cfg.reward.name, key="reward.name")]:
+    _not_with("reward term 'cat'", (("rollout.partial_rollouts", cfg.rollout.partial_rollouts),
+                                    ("rollout.external_samples", bool(cfg.rollout.external_samples))))
+
+
+def _distill_kl(cfg: ExperimentConfig) -> None:
+  """rl.distill_kl other than 'reverse' needs rollout.distill='opd_full'."""
+  if cfg.rl.distill_kl != "reverse" and not cfg.rollout.distill.endswith("_full"):
+    raise ValueError(f"Config key rl.distill_kl={cfg.rl.distill_kl!r} needs full-vocabulary distillation "
+                     f"(rollout.distill='opd_full'), got rollout.distill={cfg.rollout.distill!r}.")
+
+
+def _distill(cfg: ExperimentConfig) -> None:
+  """rollout.distill against replay.name, control.dynamic_sampling and co_reward (reward.name)."""
+  if cfg.rollout.distill:
+    _not_with("rollout.distill", (("replay.name", cfg.replay.name != "none"),
+                                  ("control.dynamic_sampling", cfg.control.dynamic_sampling), _co_reward(cfg)))
+
+
+def _generator_paths(cfg: ExperimentConfig) -> None:
+  """rollout.generator other than 'sample' against co_reward (reward.name), and replay.name if it sets update fields."""
+  ro = cfg.rollout
+  if ro.generator == "sample":   # a generator decodes in place of Co-Reward's own path
+    return
+  fields = _generator_fields(ro, cfg.control.prompts_per_step)
+  _not_with(f"rollout.generator={ro.generator!r}",
+            (_co_reward(cfg), ("replay.name (the generator's update fields are not stored)",
+                               "token_advantages" in fields and cfg.replay.name != "none")))
+
+
+def _partial_rollouts(cfg: ExperimentConfig) -> None:
+  """rollout.partial_rollouts against control.dynamic_sampling and co_reward (reward.name)."""
+  if cfg.rollout.partial_rollouts:
+    _not_with("rollout.partial_rollouts",
+              (("control.dynamic_sampling", cfg.control.dynamic_sampling), _co_reward(cfg)))
+
+
+def _task_reward(cfg: ExperimentConfig) -> None:
+  """data.task's splits and rewrites against reward.name and model.init (test-time RL reads no answers)."""
+  from rollouts_jax import rewards, tasks  # pylint: disable=g-import-not-at-top
+  task, rw = tasks.get(cfg.data.task, key="data.task"), cfg.reward
+  spec = rewards.parse_reward_spec(rw.name, key="reward.name")
+  if not task.has_train_split:  # its prompts are the test set: only label-free training is honest
+    labelled = [t for t, _ in spec if t not in rewards.GROUP_TERMS]
+    if labelled:
+      raise ValueError(f"data.task={cfg.data.task!r} has only a test split, so training on it is test-time RL, "
+                       f"which must not read its answers; reward.name={rw.name!r} grades against them "
+                       f"({', '.join(labelled)}). Use a label-free reward ({', '.join(rewards.GROUP_TERMS[:3])}) "
+                       f"or a task with a train split.")
+    if cfg.model.init == "sft":
+      raise ValueError(f"data.task={cfg.data.task!r} has only a test split: model.init='sft' would fine-tune on "
+                       f"its reference solutions. Start from a pretrained model (model.init='hf' or 'gguf').")
+  for term, _ in spec:
+    if term == "co_reward" and not task.can_rewrite:
+      raise ValueError(f"reward.name uses co_reward, which needs a second view of each question; task "
+                       f"{cfg.data.task!r} has no label-preserving rewrite (arithmetic and countdown do).")
+
+
+def _overlong_buffer(cfg: ExperimentConfig) -> None:
+  """reward.overlong_buffer < rollout.max_new_tokens."""
+  rw, ro = cfg.reward, cfg.rollout
+  if rw.overlong_buffer >= ro.max_new_tokens:
+    raise ValueError(f"reward.overlong_buffer {rw.overlong_buffer} must be < rollout.max_new_tokens "
+                     f"{ro.max_new_tokens}.")
+
+
+def _selector(cfg: ExperimentConfig) -> None:
+  """control.name / control.kwargs against reward.ref_samples, rollout.num_samples, rollout.generator and
+  rollout.partial_rollouts."""
+  from rollouts_jax import control  # pylint: disable=g-import-not-at-top
+  c, ro = cfg.control, cfg.rollout
+  if c.name == "pvpo" and not cfg.reward.ref_samples:
+    raise ValueError("control.name='pvpo' selects prompts by their reference-policy accuracy: set "
+                     "reward.ref_samples > 0 (the reference rollouts per prompt, pre-sampled before training).")
+  try:   # the selector's own checks of its settings, on a pool of one step's prompts
+    selector = control.build(c.name, num_prompts=c.prompts_per_step, num_samples=ro.num_samples,
+                             **parse_kwargs(c.kwargs, "control.kwargs"))
+  except ValueError as e:
+    raise ValueError(f"Config key control.kwargs ({c.name}): {e}") from e
+  # A second phase decodes only the rollouts it adds: the plain generator's budgets.
+  if selector.refine is not None and (ro.generator != "sample" or ro.partial_rollouts):
+    raise ValueError(f"control.name={c.name!r} decodes its budgets in two phases within a step, which needs "
+                     f"rollout.generator='sample' and no rollout.partial_rollouts (got "
+                     f"rollout.generator={ro.generator!r}, partial_rollouts={ro.partial_rollouts}); its one-phase "
+                     f"form is in control.kwargs ({'phases=1' if c.name == 'xrpo' else 'same_step=False'}).")
+
+
+def _replay_capacity(cfg: ExperimentConfig) -> None:
+  """replay.capacity >= control.prompts_per_step when replay.name is not 'none'."""
+  rp, c = cfg.replay, cfg.control
+  if rp.name != "none" and rp.capacity < c.prompts_per_step:
+    raise ValueError(f"replay.capacity {rp.capacity} must be >= control.prompts_per_step {c.prompts_per_step}.")
+
+
+def _kl_horizon(cfg: ExperimentConfig) -> None:
+  """rl.kl_horizon (rl.kl_ctrl='adaptive') > 0.2 x control.prompts_per_step x rollout.num_samples."""
+  rl = cfg.rl
+  samples = cfg.control.prompts_per_step * cfg.rollout.num_samples
+  if rl.kl_ctrl == "adaptive" and rl.kl_horizon <= 0.2 * samples:
+    # one step could multiply the coefficient by 1 - 0.2 * samples / horizon <= 0
+    raise ValueError(f"Config key rl.kl_horizon={rl.kl_horizon} must be > 0.2 x the samples of a step "
+                     f"({samples}), or one step can make the adaptive KL coefficient negative.")
+
+
+def _echo_tree(cfg: ExperimentConfig) -> None:
+  """rl.echo_clip / rl.echo_shaping need rollout.generator='tree'."""
+  if (cfg.rl.echo_clip or cfg.rl.echo_shaping) and cfg.rollout.generator != "tree":
+    raise ValueError("rl.echo_clip / rl.echo_shaping need rollout.generator='tree' (tree rollouts record each "
+                     "response's confidence).")
+
+
+def _minibatches(cfg: ExperimentConfig) -> None:
+  """control.prompts_per_step x rollout.num_samples split by rl.num_minibatches, then rl.micro_batch_size."""
+  c, ro, rl = cfg.control, cfg.rollout, cfg.rl
+  if c.prompts_per_step % rl.num_minibatches:
+    raise ValueError(f"control.prompts_per_step {c.prompts_per_step} must be divisible by rl.num_minibatches "
+                     f"{rl.num_minibatches}.")
+  rows = c.prompts_per_step * ro.num_samples // rl.num_minibatches
+  if rl.micro_batch_size and rows % rl.micro_batch_size:
+    raise ValueError(f"Minibatch rows {rows} (control.prompts_per_step * rollout.num_samples / rl.num_minibatches)"
+                     f" must be divisible by rl.micro_batch_size {rl.micro_batch_size}.")
+
+
+def _critic(cfg: ExperimentConfig) -> None:
+  """rl.advantage='gae' against per-token signals of rollout.generator, rollout.turn_credit, rollout.distill."""
+  ro = cfg.rollout
+  if cfg.rl.advantage != "gae":
+    return
+  # Batches whose update reads per-token advantages or a teacher's distribution of their own.
+  fields = _generator_fields(ro, cfg.control.prompts_per_step)
+  for key, on in ((f"rollout.generator={ro.generator!r} (it sets per-token advantages)",
+                   "token_advantages" in fields and ro.generator != "multiturn"),
+                  ("rollout.turn_credit='turn' (per-turn advantages)",
+                   ro.generator == "multiturn" and ro.turn_credit != "trajectory"),
+                  (f"rollout.distill={ro.distill!r} (the teacher's per-token signal)", bool(ro.distill))):
+    if on:
+      raise _gae_conflict(key)
+
+
+def _uniqueness_clusters(cfg: ExperimentConfig) -> None:
+  """rl.advantage='uniqueness*' with reward.clusters='strategy' needs a data.task with strategies."""
+  from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
+  rl, rw = cfg.rl, cfg.reward
+  if (rl.advantage.startswith("uniqueness") and rw.clusters == "strategy"
+      and not tasks.get(cfg.data.task, key="data.task").has_strategies):
+    raise ValueError(f"rl.advantage={rl.advantage!r} with reward.clusters='strategy' needs a task with solution "
+                     f"strategies (countdown); task {cfg.data.task!r} has none: set reward.clusters='answer'.")
+
+
+def _reference_rewards(cfg: ExperimentConfig) -> None:
+  """rl.advantage '*reference_anchor*' / 'pvpo' needs reward.ref_samples > 0."""
+  rl = cfg.rl
+  if ("reference_anchor" in rl.advantage or rl.advantage == "pvpo") and not cfg.reward.ref_samples:
+    raise ValueError(f"rl.advantage={rl.advantage!r} needs reference rewards: set reward.ref_samples > 0.")
+
+
+def _async_old_logprobs(cfg: ExperimentConfig) -> None:
+  """async_rl.old_logprobs / max_staleness against rl.tis_cap, rollout.generator, replay.name,
+  rollout.external_samples, rollout.partial_rollouts."""
+  ac, ro = cfg.async_rl, cfg.rollout
+  if (ac.max_staleness > 0 and ac.old_logprobs == "recompute" or ac.old_logprobs == "ewma") and not cfg.rl.tis_cap > 0:
+    raise ValueError(
+        f"async_rl.old_logprobs={ac.old_logprobs!r} with async_rl.max_staleness={ac.max_staleness} takes the PPO ratio "
+        "against a proximal policy that did not sample the batch: set rl.tis_cap > 0 (e.g. 2.0) for the behaviour "
+        "importance weight pi_prox / pi_behav (decoupled PPO), optionally with rl.tis_mode='mask'.")
+  if ac.old_logprobs == "recompute":
+    return
+  # These set the ratio's log-probs themselves, or carry tokens of versions no longer held.
+  fields = _generator_fields(ro, cfg.control.prompts_per_step)
+  for key, on in ((f"rollout.generator={ro.generator!r} (it sets the ratio's log-probs)", "old_logprobs" in fields),
+                  ("replay.name", cfg.replay.name != "none"),
+                  ("rollout.external_samples", bool(ro.external_samples)),
+                  ("rollout.partial_rollouts", ro.partial_rollouts and ac.old_logprobs == "snapshot")):
+    if on:
+      raise ValueError(f"async_rl.old_logprobs={ac.old_logprobs!r} does not combine with {key}; use "
+                       "async_rl.old_logprobs='recompute' or turn it off.")
+
+
+#: The sections in the order `validate` checks them.
+SECTIONS = ("model", "lora", "tokenizer", "data", "sft", "rollout", "reward", "control", "replay", "rl", "async_rl",
+            "eval", "checkpoint", "mesh")
+
+#: The rules between sections (the module docstring lists them), in the order `validate` applies them.
+CROSS_SECTION_RULES = (
+    _model_tokenizer, _lora_model_mesh, _truncation_tis, _environment, _generator_settings, _external_samples,
+    _cat_reward, _distill_kl, _distill, _generator_paths, _partial_rollouts, _task_reward, _overlong_buffer,
+    _selector, _replay_capacity, _kl_horizon, _echo_tree, _minibatches, _critic, _uniqueness_clusters,
+    _reference_rewards, _async_old_logprobs)
+
+
+def validate(cfg: ExperimentConfig) -> None:
+  """Checks that can be made before anything is built or compiled (every name, size and sign).
+
+  Each section's own `check()` first (in `SECTIONS` order), then the top-level keys, then each
+  rule of `CROSS_SECTION_RULES`; the first problem found raises, naming its keys.
+  """
+  for name in SECTIONS:
+    getattr(cfg, name).check()
+  _positive(cfg.max_nonfinite_steps, "max_nonfinite_steps")
+  for rule in CROSS_SECTION_RULES:
+    rule(cfg)
 
 
 def _prod(shape) -> int:
@@ -934,8 +1133,6 @@ def deeplook_settings(ev: EvalConfig):
     return deeplook.DeepLookConfig(**kwargs), vote
   except (TypeError, ValueError) as e:
     raise ValueError(f"Config key eval.deeplook_kwargs: {e}") from e
-  _positive(cfg.checkpoint.every, "checkpoint.every")
-  _positive(cfg.checkpoint.keep, "checkpoint.keep")
 
 
 # ----------------------------------------------------------------------------------------------

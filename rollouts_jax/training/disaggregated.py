@@ -20,7 +20,7 @@ does (batch q needs version q - S, made by the update of round q - 1), so lockst
 jitter absorption.
 
 Checkpoints: trainer 0 saves the train state, the in-flight versions and the EWMA
-(`async_rollouts.init_state`) and the rollout side's pipeline state after the last trained
+(`rollout.source.init_state`) and the rollout side's pipeline state after the last trained
 batch (sent to it at each save) through `io.checkpoint.Checkpointer`; a restarted cluster
 regenerates the in-flight batches from those versions, so nothing is lost or repeated.
 """
@@ -50,12 +50,13 @@ from rollouts_jax.io.checkpoint import Checkpointer
 from rollouts_jax.io.metrics import MetricsLogger, NullLogger
 from rollouts_jax.io.plots import plot_curves
 from rollouts_jax.rollout import generators
-from rollouts_jax.training import async_rollouts
+from rollouts_jax.rollout import source as source_lib
+from rollouts_jax.rollout.source import ParamsHub, batch_version, copy_tree
 from rollouts_jax.training import workdir as workdir_lib
-from rollouts_jax.training.async_rollouts import ParamsHub, batch_version, copy_tree
 from rollouts_jax.training.build import build_pipeline, evaluator, load_policy, load_task
 from rollouts_jax.training.config import ExperimentConfig
-from rollouts_jax.training.loop import TrainingStopped, _from_disk, _on_disk, _train_step, with_adapters
+from rollouts_jax.training.loop import (TrainingStopped, make_train_step, state_from_disk, state_on_disk,
+                                        with_adapters)
 from rollouts_jax.training.rl_step import train_state_init
 from rollouts_jax.types import concat
 
@@ -295,10 +296,13 @@ def check_supported(exp: ExperimentConfig, roles: Roles) -> None:
 # ----------------------------------------------------------------------------------------------
 
 def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, num_trainers: int = 1,
-          progress: bool = False, kill_at_round: int | None = None) -> dict[str, Any]:
+          progress: bool = False, kill_at_round: int | None = None,
+          kill_in_update: int | None = None) -> dict[str, Any]:
   """One process's part of a disaggregated run; every process of the runtime calls it.
 
-  `kill_at_round` (fault drills): this process SIGKILLs itself when that round begins.
+  Fault drills: `kill_at_round`: this process SIGKILLs itself when that round begins;
+  `kill_in_update` (a trainer): it SIGKILLs itself in the middle of that step, after the
+  update and its metrics row, before the step's checkpoint.
   Returns the summary and final params on trainer 0 (as `loop.train`), `{"role": "rollout"}` elsewhere.
   """
   pid, P = jax.process_index(), jax.process_count()
@@ -324,6 +328,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, num_trainers: in
   policy = with_adapters(exp, cfg, params)
   side = (_Trainer if trainer else _Rollout)(exp, cfg, tokenizer, policy, ref_params, roles, workdir,
                                              train_examples, test_examples, progress)
+  side.kill_in_update = kill_in_update
   # Start-up: the pipeline state's template to the trainers, the resume point to everyone.
   template = send(side.pipeline_state_host() if pid == roles.lead_rollout else None, src=roles.lead_rollout)
   resume = send(side.restore(template) if lead else None, src=0)
@@ -371,6 +376,7 @@ class _Side:
   """What both roles share: the built config pieces."""
 
   def __init__(self, exp, cfg, tokenizer, policy, ref_params, roles, workdir, train_examples, test_examples, progress):
+    self.kill_in_update = None   # fault drills (`train`'s kill_in_update)
     self.exp, self.cfg, self.tokenizer, self.policy, self.ref_params = exp, cfg, tokenizer, policy, ref_params
     self.roles, self.workdir, self.progress = roles, workdir, progress
     self.train_examples, self.test_examples = train_examples, test_examples
@@ -474,12 +480,14 @@ class _Trainer(_Side):
     self.eval_examples = list(self.test_examples[:exp.eval.num_examples])
     train_state, _ = sharding.init_sharded_state(train_state_init(exp.rl), self.policy, None)
     self.state = {"train": train_state}
-    async_state = async_rollouts.init_state(exp, train_state.params, disaggregated=True)
+    async_state = source_lib.init_state(exp.async_rl, train_state.params, disaggregated=True)
+    self.score = source_lib.scorer(self.cfg, temperature=exp.rollout.temperature, micro_rows=exp.rl.micro_batch_size,
+                                   chunk=exp.rl.logprob_chunk)
     if async_state is not None:
       self.state["async"] = async_state
     self.ckpt = Checkpointer(self.workdir / "checkpoints", save_every=exp.checkpoint.every, keep=exp.checkpoint.keep,
                              active_processes=set(self.roles.trainers))
-    self.train_step = _train_step(dict(cfg=self.cfg, rl=exp.rl, temperature=exp.rollout.temperature,
+    self.train_step = make_train_step(dict(cfg=self.cfg, rl=exp.rl, temperature=exp.rollout.temperature,
                                        max_len=exp.rollout.max_new_tokens))
     self.pending, self.timing, self.summary = {}, {}, {}
     self.nonfinite_run, self.last_save_pipeline = 0, None
@@ -490,9 +498,9 @@ class _Trainer(_Side):
     self.start, pipeline = 0, None
     if self.ckpt.latest_step() is not None:
       state = dict(self.state, pipeline=_device(template))
-      abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _on_disk(state))
+      abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state_on_disk(state))
       restored, meta, _ = self.ckpt.restore_latest_intact(abstract, quarantine=True)
-      self.state = _from_disk(restored, dict(state, pipeline=restored["pipeline"]))
+      self.state = state_from_disk(restored, dict(state, pipeline=restored["pipeline"]))
       pipeline = self.state.pop("pipeline")
       self.start, self.nonfinite_run, self.summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
       log.info("Resumed from step %d", self.start)
@@ -536,14 +544,14 @@ class _Trainer(_Side):
     if step - version > self.S:
       raise RuntimeError(f"Step {step}: a batch of version {version} exceeds async_rl.max_staleness={self.S}.")
     params = self.state["train"].params
-    old = async_rollouts.old_logprobs(exp, self.cfg, batch, step, params, self.hub, self.ewma)
+    old = source_lib.old_logprobs(exp.async_rl.old_logprobs, self.score, batch, step, params, self.hub, self.ewma)
     if old is not None:
       batch = batch.replace(old_logprobs=old)
     t1 = time.perf_counter()
     train_state, m = self.train_step(self.state["train"], batch, self.ref_params)
     if self.ewma is not None:
-      avg, total = async_rollouts.ewma_update(self.ewma["params"], self.ewma["total"], train_state.params,
-                                              exp.async_rl.ewma_beta)
+      avg, total = source_lib.ewma_update(self.ewma["params"], self.ewma["total"], train_state.params,
+                                          exp.async_rl.ewma_beta)
       self.ewma = {"params": avg, "total": total}
     self.hub.publish(step + 1, copy_tree(train_state.params))
     self.version = step + 1
@@ -556,7 +564,11 @@ class _Trainer(_Side):
                       "disagg/version_gap": float(step - version)})
     self.mark, self.t_send = now, 0.0
     if self.S > 0:
-      async_rollouts.step_metrics(info, exp, batch, step, version, 0.0, self.timing)
+      # The producer's share is the rollout processes' share of all processes (one device each).
+      r, t = self.roles.num_rollouts, self.roles.num_trainers
+      source_lib.step_metrics(info, batch, step, version, 0.0, self.timing, max_staleness=self.S,
+                              batch_rollouts=exp.control.prompts_per_step * exp.rollout.num_samples,
+                              producer_share=r / (r + t))
     info["tokens_per_s"] = info["generated_tokens"] / max(info.get("time/sample", 0.0), 1e-9)
     info["tokens_per_wall_s"] = info["generated_tokens"] / max(info["time/step"], 1e-9)
     self.nonfinite_run = self.nonfinite_run + 1 if m["nonfinite"] > 0 else 0
@@ -566,6 +578,8 @@ class _Trainer(_Side):
     if exp.eval.every and (step + 1) % exp.eval.every == 0 and step + 1 < exp.rl.steps:
       info.update(self.evaluate_fn(params, self.eval_examples, self.eval_key, greedy=False))
     self.logger.log(step + 1, info)
+    if step == self.kill_in_update:   # fault drill: the update done, its checkpoint not
+      os.kill(os.getpid(), signal.SIGKILL)
     if step + 1 == exp.rl.steps:
       self.summary["after"] = self.evaluate_fn(params, self.eval_examples, self.eval_key)
       self.logger.log(step + 1, self.summary["after"])
@@ -591,7 +605,7 @@ class _Trainer(_Side):
       state["async"] = out
       self.state["async"] = out
     meta = {"rl_step": step + 1, "nonfinite_run": self.nonfinite_run, "summary": self.summary}
-    self.ckpt.save(step + 1, _on_disk(state), meta, force=True)
+    self.ckpt.save(step + 1, state_on_disk(state), meta, force=True)
 
   def forget(self, step):
     pass

@@ -24,7 +24,7 @@ import jax
 
 from rollouts_jax import rewards, sampling, sharding
 from rollouts_jax.models import lora as lora_lib
-from rollouts_jax.training import async_rollouts
+from rollouts_jax.rollout import source as source_lib
 from rollouts_jax.training.build import (  # noqa: F401  the launchers' entry points, re-exported
     build_pipeline, evaluate, evaluator, load_policy, load_task, prompter, sampling_config, warm_start)
 from rollouts_jax.io.checkpoint import Checkpointer
@@ -43,7 +43,7 @@ class TrainingStopped(RuntimeError):
   """Raised when too many consecutive updates were non-finite."""
 
 
-def _train_step(step_args: dict, state_shardings=None, mesh=None):
+def make_train_step(step_args: dict, state_shardings=None, mesh=None):
   """The donated update `(state, batch, ref_params) -> (state, metrics)`.
 
   On a mesh the state leaves with the shardings it was built with (`state_shardings`), so it
@@ -67,7 +67,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   unless `allow_config_change`.
 
   With `async_rl.max_staleness` > 0 a producer thread generates the batches while the trainer
-  updates (`training.async_rollouts`); `threaded=True` runs it also at 0, which is the
+  updates (`rollout.source`); `threaded=True` runs it also at 0, which is the
   synchronous loop computed by the threaded machinery (a check of both).
   """
   workdir = pathlib.Path(workdir)
@@ -94,7 +94,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       train_state_init(exp.rl), policy,
       placement.param_shardings if placement.active else None)
   state = {"train": train_state, "pipeline": pipeline.init_state()}
-  async_state = async_rollouts.init_state(exp, train_state.params, threaded=threaded)
+  async_state = source_lib.init_state(exp.async_rl, train_state.params, threaded=threaded)
   if async_state is not None:   # the versions a restarted producer needs, the EWMA
     state["async"] = async_state
   mesh = placement.mesh if placement.active else None
@@ -103,9 +103,9 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   start, nonfinite_run, summary = 0, 0, {}
   if ckpt.latest_step() is not None:
     restored, meta, _ = ckpt.restore_latest_intact(
-        placement_lib.abstract(_on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh)))),
+        placement_lib.abstract(state_on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh)))),
         quarantine=True)
-    state = _from_disk(restored, dict(state, pipeline=restored["pipeline"]))
+    state = state_from_disk(restored, dict(state, pipeline=restored["pipeline"]))
     state["pipeline"] = placement_lib.local(state["pipeline"])
     start, nonfinite_run, summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
     log.info("Resumed from step %d", start)
@@ -118,16 +118,20 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
     logger.log(0, {**summary["before"], **presampled})
   base_key = jax.random.key(exp.seed)
   step_args = dict(cfg=cfg, rl=exp.rl, temperature=exp.rollout.temperature, max_len=exp.rollout.max_new_tokens)
-  train_step = _train_step(step_args, state_shardings, mesh)
+  train_step = make_train_step(step_args, state_shardings, mesh)
   # The pipeline works on host copies of every rollout. Across processes each process needs the whole
   # batch, so sampling runs without the rules' batch constraint there (its outputs stay replicated).
   rollout_context = placement.rollout_context if jax.process_count() == 1 else contextlib.nullcontext
   # Batches come in line, or from a producer thread with `async_rl.max_staleness` > 0.
   collect = lambda ps, p, s, v: pipeline.collect(ps, p, s, jax.random.fold_in(base_key, s), ref_params=ref_params,
                                                  version=v)
-  source = async_rollouts.BatchSource(exp, cfg, collect, state.get("async"), state["train"].params, start=start,
-                                      pipeline_state=state["pipeline"], handoff=placement.rollout_params,
-                                      context=rollout_context, threaded=threaded)
+  score = source_lib.scorer(cfg, temperature=exp.rollout.temperature, micro_rows=exp.rl.micro_batch_size,
+                            chunk=exp.rl.logprob_chunk)
+  source = source_lib.BatchSource(exp.async_rl, collect, score, state.get("async"), state["train"].params,
+                                  start=start, stop=exp.rl.steps, pipeline_state=state["pipeline"],
+                                  handoff=placement.rollout_params, context=rollout_context, threaded=threaded,
+                                  batch_rollouts=exp.control.prompts_per_step * exp.rollout.num_samples,
+                                  producer_share=placement.producer_share)
   try:
     for step in range(start, exp.rl.steps):
       t0 = time.perf_counter()
@@ -156,7 +160,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       if "async" in state:
         state["async"] = source.state(step)
       # Skipped updates leave the state finite.
-      ckpt.save(step + 1, _on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh))), meta,
+      ckpt.save(step + 1, state_on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh))), meta,
                 force=done or stop)
       if stop:
         logger.close()
@@ -191,7 +195,7 @@ def with_adapters(exp: ExperimentConfig, cfg, params):
   return lora_lib.apply(params, adapters, lo.alpha, lo.rank)
 
 
-def _on_disk(state: dict) -> dict:
+def state_on_disk(state: dict) -> dict:
   """The state as checkpointed: with LoRA every policy in it (the train state's params, the async
   snapshots and moving average) is written as its adapters alone.
 
@@ -201,8 +205,8 @@ def _on_disk(state: dict) -> dict:
                                 is_leaf=lora_lib.is_lora)
 
 
-def _from_disk(restored: dict, template: dict) -> dict:
-  """The inverse of `_on_disk`: each restored policy's adapters over the base of the same policy in
+def state_from_disk(restored: dict, template: dict) -> dict:
+  """The inverse of `state_on_disk`: each restored policy's adapters over the base of the same policy in
   `template` (the state as built before the restore; the identity without LoRA)."""
   return jax.tree_util.tree_map(lambda t, r: lora_lib.partition(t)[1](r) if lora_lib.is_lora(t) else r, template,
                                 restored, is_leaf=lora_lib.is_lora)

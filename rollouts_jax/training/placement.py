@@ -27,6 +27,9 @@ class Placement:
     self.sharding, self.cfg = sharding, cfg
     shape = tuple(mesh.shape)
     self.active = int(np.prod(shape)) != 1 or bool(mesh.rollout_shape)
+    rollout_devices = int(np.prod(mesh.rollout_shape)) if mesh.rollout_shape else 0
+    # The rollout devices' share of all devices (None: rollouts and updates share the devices).
+    self.producer_share = rollout_devices / (rollout_devices + int(np.prod(shape))) if rollout_devices else None
     if self.active:
       self.roles = sharding.RolloutTrainMeshes.create(sharding.MeshConfig(
           shape, mesh.preset, tuple(mesh.rollout_shape) or None, mesh.rollout_preset or None))

@@ -323,7 +323,7 @@ def test_ppo_critic_is_sharded_by_the_policy_rules_and_its_step_matches_single_d
   mu_q = [x for path, x in jax.tree_util.tree_flatten_with_path(state.critic.opt_state)[0]
           if jax.tree_util.keystr(path).endswith("['layers']['q']")]
   assert len(mu_q) >= 2 and all(x.sharding == ps["layers"]["q"] for x in mu_q)
-  step = loop._train_step(dict(cfg=CFG, rl=conf), shardings, mesh)
+  step = loop.make_train_step(dict(cfg=CFG, rl=conf), shardings, mesh)
   new, m = step(state, sh.shard_batch(library_rollouts(), mesh), None)
   assert abs(float(m["vf_loss"]) - float(ref_m["vf_loss"])) <= TOL
   assert max_diff(new.critic, ref_state.critic) <= TOL and max_diff(new.params, ref_state.params) <= TOL
@@ -352,7 +352,7 @@ def test_train_state_built_in_place_matches_and_survives_donation():
   assert len(moments_q) >= 2 and all(x.sharding == ps["layers"]["q"] for x in moments_q)  # Adam's mu and nu
   assert state.step.sharding.spec == P()
   batch = sh.shard_batch(library_rollouts(), mesh)
-  step = loop._train_step(dict(cfg=CFG, rl=conf), shardings, mesh)
+  step = loop.make_train_step(dict(cfg=CFG, rl=conf), shardings, mesh)
   new, _ = step(state, batch, None)
   assert state.params["layers"]["q"].is_deleted() and not params["layers"]["q"].is_deleted()
   assert max_diff(params, ref_params()) == 0.0

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from rollouts_jax import models, sampling
-from rollouts_jax.training import async_rollouts, config as config_lib, loop
-from rollouts_jax.training.async_rollouts import ParamsHub, RolloutProducer, batch_version, capacity, ewma_update
+from rollouts_jax.models import batch_logprobs
+from rollouts_jax.rollout import source as source_lib
+from rollouts_jax.rollout.source import ParamsHub, RolloutProducer, batch_version, capacity, ewma_update
+from rollouts_jax.training import config as config_lib, loop
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -103,7 +105,7 @@ def test_hub_drops_old_versions_and_wakes_waiters():
   with pytest.raises(KeyError):
     hub.get(1)
   hub.close()
-  with pytest.raises(async_rollouts.HubClosed):
+  with pytest.raises(source_lib.HubClosed):
     hub.wait(9)
 
 
@@ -155,30 +157,28 @@ def test_snapshot_old_logprobs_are_the_generating_versions_and_ewma_the_average(
   conf = sampling.SamplingConfig(num_samples=3, max_new_tokens=6, temperature=1.0, eos_id=1, pad_id=0)
   out = sampling.sample(cfg, p0, ids, mask, jax.random.key(3), conf)
   batch = sampling.from_samples(ids, mask, out, prompt_index=np.arange(2), policy_version=0)
-  exp = _exp(**{"async_rl.max_staleness": 2, "async_rl.old_logprobs": "snapshot"})
   hub = ParamsHub(keep=2)
   for v, p in enumerate((p0, p1, p2)):
     hub.publish(v, p)
   m = np.asarray(batch.completion_mask)
-  snap = async_rollouts.old_logprobs(exp, cfg, batch, 2, p2, hub, None)
+  score = source_lib.scorer(cfg, temperature=1.0)
+  snap = source_lib.old_logprobs("snapshot", score, batch, 2, p2, hub, None)
   np.testing.assert_allclose(snap[m], np.asarray(batch.behaviour_logprobs)[m], atol=2e-5)
-  assert async_rollouts.old_logprobs(dataclasses.replace(exp, async_rl=dataclasses.replace(exp.async_rl, old_logprobs="recompute")),
-                            cfg, batch, 2, p2, hub, None) is None
+  assert source_lib.old_logprobs("recompute", score, batch, 2, p2, hub, None) is None
   # A token of version 1 in the same row is scored by version 1.
   mixed = batch.replace(policy_version=np.where(np.arange(6) >= 2, 1, 0)[None, None].repeat(2, 0).repeat(3, 1))
-  got = async_rollouts.old_logprobs(exp, cfg, mixed, 2, p2, hub, None)
-  lp1 = np.asarray(async_rollouts.batch_logprobs(p1, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                       batch.completion_mask, cfg=cfg))
+  got = source_lib.old_logprobs("snapshot", score, mixed, 2, p2, hub, None)
+  lp1 = np.asarray(batch_logprobs(p1, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                  batch.completion_mask, cfg=cfg))
   late = m & (np.asarray(mixed.policy_version) == 1)
   np.testing.assert_allclose(got[late], lp1[late], atol=1e-6)
   np.testing.assert_allclose(got[m & ~late], snap[m & ~late], atol=1e-6)
   # EWMA: the proximal policy is the average's.
   avg, total = ewma_update(p0, jnp.zeros(()), p1, 0.5)
   avg, total = ewma_update(avg, total, p2, 0.5)
-  ewma_exp = dataclasses.replace(exp, async_rl=dataclasses.replace(exp.async_rl, old_logprobs="ewma"))
-  got = async_rollouts.old_logprobs(ewma_exp, cfg, batch, 2, p2, hub, {"params": avg, "total": total})
-  want = np.asarray(async_rollouts.batch_logprobs(avg, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                        batch.completion_mask, cfg=cfg))
+  got = source_lib.old_logprobs("ewma", score, batch, 2, p2, hub, {"params": avg, "total": total})
+  want = np.asarray(batch_logprobs(avg, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                   batch.completion_mask, cfg=cfg))
   np.testing.assert_allclose(got, want, atol=1e-6)
   assert not np.allclose(got[m], snap[m], atol=1e-3)
 

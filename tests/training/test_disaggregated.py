@@ -14,7 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from rollouts_jax.training import async_rollouts, config as config_lib, disaggregated, loop
+from rollouts_jax.rollout import source as source_lib
+from rollouts_jax.training import config as config_lib, disaggregated, loop
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = str(REPO / "configs" / "default.py") + ":smoke"
@@ -142,7 +143,7 @@ def test_staleness_one_gap_is_batch_versions(async_run):
   rows = _rows(async_run)
   assert [r["step"] for r in rows] == [1, 2, 3, 4]
   gaps = [r["disagg/version_gap"] for r in rows]
-  assert gaps == [s - async_rollouts.batch_version(s, 1) for s in range(4)] == [0, 1, 1, 1]
+  assert gaps == [s - source_lib.batch_version(s, 1) for s in range(4)] == [0, 1, 1, 1]
   assert max(r["async/staleness_max"] for r in rows) <= 1
   assert all(r["rollouts"] == 20 for r in rows)   # 4 prompts x 5 samples, split over the two rollout processes
 
@@ -160,3 +161,28 @@ def test_killed_rollout_process_restarts_from_checkpoint_with_nothing_lost(tmp_p
   for k in want:
     np.testing.assert_array_equal(got[k], want[k], err_msg=k)
   assert [r["step"] for r in _rows(tmp_path / "w")] == [1, 2, 3, 4]   # no step lost or logged twice
+
+
+@pytest.mark.slow
+def test_trainer_killed_mid_step_resumes_bitwise(tmp_path, async_run):
+  """The trainer SIGKILLed in the middle of step 3 (its update done and logged, its checkpoint not written):
+  the launcher restarts the cluster from step 2's checkpoint; the final params are the uninterrupted run's
+  bit for bit and the metrics hold each step once (the row logged before the kill is replaced, not repeated)."""
+  out = _launch(tmp_path / "w", "--num_rollout_processes=2", *ASYNC, "--fault_kill=0:2:update", "--max_restarts=1")
+  assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
+  assert "Attempt 0: process 0 exited with code -9" in out.stdout
+  assert "Restarting from the last checkpoint" in out.stdout
+  exp = _exp(*ASYNC)
+  want, got = _params(exp, async_run), _params(exp, tmp_path / "w")
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert [r["step"] for r in _rows(tmp_path / "w")] == [1, 2, 3, 4]
+  whole, cut = _rows(async_run), _rows(tmp_path / "w")
+  assert [r["loss"] for r in cut] == [r["loss"] for r in whole]
+
+
+def test_fault_kill_flag_is_checked_before_the_runtime_is_joined(tmp_path):
+  cmd = [sys.executable, "-m", "experiments.launch.cluster", f"--config={SMOKE}", f"--workdir={tmp_path}",
+         "--process_id=0", "--coordinator_address=localhost:1", "--fault_kill=0:2:later"]
+  out = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0 and "expected 'PROCESS:STEP' or 'PROCESS:STEP:update'" in out.stderr + out.stdout

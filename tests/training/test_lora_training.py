@@ -12,7 +12,8 @@ import pytest
 
 from rollouts_jax.io.checkpoint import Checkpointer
 from rollouts_jax.models import lora
-from rollouts_jax.training import async_rollouts, loop
+from rollouts_jax.rollout import source as source_lib
+from rollouts_jax.training import loop
 from rollouts_jax.training import config as config_lib
 from rollouts_jax.training.rl_step import batch_logprobs
 
@@ -31,14 +32,14 @@ def _lora_smoke(**overrides):
 
 def _record_batches(monkeypatch):
   batches = []
-  orig = async_rollouts.BatchSource.next
+  orig = source_lib.BatchSource.next
 
   def next_(self, step, *args, **kwargs):
     out = orig(self, step, *args, **kwargs)
     batches.append((step, jax.device_get(out[0]), out[3]))
     return out
 
-  monkeypatch.setattr(async_rollouts.BatchSource, "next", next_)
+  monkeypatch.setattr(source_lib.BatchSource, "next", next_)
   return batches
 
 
@@ -157,14 +158,14 @@ def test_every_policy_in_the_state_is_checkpointed_as_its_adapters():
   policy = loop.with_adapters(exp, cfg, base)
   state = {"train": init_train_state(policy, rl_optimizer(exp.rl)), "pipeline": {"n": jnp.zeros(3)},
            "async": {"snapshots": [policy, policy], "ewma": {"params": policy, "total": jnp.ones(())}}}
-  disk = loop._on_disk(state)   # pylint: disable=protected-access
+  disk = loop.state_on_disk(state)
   assert set(disk["train"].params) == {"q", "down"} and set(disk["async"]["ewma"]["params"]) == {"q", "down"}
   assert "embed" not in str(jax.tree_util.tree_structure(disk))
   trained = jax.tree_util.tree_map(lambda x: x + 1.0, disk)   # as if restored after some updates
-  back = loop._from_disk(trained, state)   # pylint: disable=protected-access
+  back = loop.state_from_disk(trained, state)
   for p in (back["train"].params, back["async"]["snapshots"][1], back["async"]["ewma"]["params"]):
     jax.tree_util.tree_map(np.testing.assert_array_equal, lora.base_of(p), base)
     np.testing.assert_array_equal(lora.adapters_of(p)["q"]["b"], 1.0)
   no_lora = {"train": init_train_state(base, rl_optimizer(exp.rl))}
-  back = loop._from_disk(loop._on_disk(no_lora), no_lora)   # pylint: disable=protected-access
+  back = loop.state_from_disk(loop.state_on_disk(no_lora), no_lora)
   jax.tree_util.tree_map(np.testing.assert_array_equal, back, no_lora)

@@ -171,6 +171,7 @@ def test_the_update_refuses_a_state_without_critic():
     _step(exp, state, _rollouts(0))
 
 
+@pytest.mark.slow   # the loop test below resumes the critic bitwise through the checkpoint too
 def test_critic_checkpoint_resumes_bitwise(tmp_path):
   exp = _exp(ppo_epochs=2, warmup_steps=1, learning_rate=1e-2, critic_learning_rate=1e-2)
   batches = [_rollouts(s) for s in (5, 6, 7)]

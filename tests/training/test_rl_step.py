@@ -37,7 +37,9 @@ def _state(rlc, seed=0):
   return rl.init_train_state(params, rl.rl_optimizer(rlc))
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+# Two modes in the default suite (the per-token mean and Dr. GRPO's constant divisor), all with -m slow.
+@pytest.mark.parametrize("agg", ["token-mean", pytest.param("seq-mean-token-mean", marks=pytest.mark.slow),
+                                 pytest.param("seq-mean-token-sum", marks=pytest.mark.slow),
                                  "seq-mean-token-sum-norm"])
 def test_micro_batching_is_exact(agg):
   base = RLConfig(steps=5, learning_rate=1e-2, warmup_steps=0, agg=agg, kl_coef=0.0)
@@ -57,7 +59,8 @@ def test_micro_batching_is_exact(agg):
   assert int(s_full.step) == 1
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("agg", ["token-mean", pytest.param("seq-mean-token-sum", marks=pytest.mark.slow),
+                                 "seq-mean-token-sum-norm"])
 def test_trimming_padding_columns_leaves_the_update_unchanged(agg):
   # The loop cuts completions to the longest one kept; the update must not notice, including
   # Dr. GRPO's constant divisor, which is the generation budget and not the batch width.

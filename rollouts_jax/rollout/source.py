@@ -1,7 +1,9 @@
-"""Rollouts generated while the trainer updates, with a staleness bound (AReaL, ECHO-2).
+"""The loop's batch sources: collected in line, or generated while the trainer updates with a
+staleness bound (AReaL, ECHO-2).
 
-A producer thread runs the rollout pipeline (GENERATE -> FILTER -> CONTROL -> REPLAY) on the
-rollout mesh and puts each step's `RolloutBatch` into a bounded queue; the trainer takes them
+`BatchSource` is what the loop asks for each step's batch. Synchronously it runs the rollout
+step (`rollout.pipeline.collect`) in line; with `async_rl.max_staleness` > 0 a producer thread
+runs it on the rollout mesh and puts each step's `RolloutBatch` into a bounded queue; the trainer takes them
 in order, updates on the training mesh and publishes each new version of the params to a
 `ParamsHub`, from which the producer hands them off. Everything is JAX's own machinery: the
 devices of two meshes, asynchronous dispatch, `jax.device_put` for the hand-off and a Python
@@ -47,7 +49,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rollouts_jax.training.config import OLD_LOGPROBS  # noqa: F401  (its options, defined with the config)
 from rollouts_jax.models import batch_logprobs
 
 
@@ -229,7 +230,15 @@ def capacity(train_s: float, handoff_s: float, rollouts_per_s: float, batch_roll
 # The loop's pieces
 # ----------------------------------------------------------------------------------------------
 
-def old_logprobs(exp, cfg, batch, step: int, params, hub, ewma):
+def scorer(cfg, *, temperature: float, micro_rows: int = 0, chunk: int = 0) -> Callable:
+  """`(params, batch) -> [B, N, T]` log-probs of the batch's completions (`models.batch_logprobs`)."""
+  def score(params, batch):
+    return batch_logprobs(params, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
+                          cfg=cfg, temperature=temperature, micro_rows=micro_rows, chunk=chunk)
+  return score
+
+
+def old_logprobs(mode: str, score: Callable, batch, step: int, params, hub, ewma):
   """The log-probs the PPO ratio is taken against, by `async_rl.old_logprobs` (None: rl_step's own).
 
   "snapshot": each token under the params of the version that generated it (`hub`, or the
@@ -237,7 +246,8 @@ def old_logprobs(exp, cfg, batch, step: int, params, hub, ewma):
   Tokens of no trained version (-1) keep their behaviour log-probs.
 
   Args:
-    exp: the experiment config; cfg: the model config.
+    mode: `async_rl.old_logprobs`.
+    score: `(params, batch) -> [B, N, T]` log-probs (`scorer`).
     batch: the step's `RolloutBatch` (host arrays).
     step: the RL step (the current params' version).
     params: the current params; hub: the `ParamsHub` of older versions (None when synchronous).
@@ -246,31 +256,28 @@ def old_logprobs(exp, cfg, batch, step: int, params, hub, ewma):
   Returns:
     float32 [B, N, T] or None.
   """
-  mode = exp.async_rl.old_logprobs
   if mode == "recompute":
     return None
-  fn = functools.partial(batch_logprobs, prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
-                         completion_ids=batch.completion_ids, completion_mask=batch.completion_mask, cfg=cfg,
-                         temperature=exp.rollout.temperature, micro_rows=exp.rl.micro_batch_size,
-                         chunk=exp.rl.logprob_chunk)
   if mode == "ewma":
-    return np.asarray(fn(ewma["params"]))
+    return np.asarray(score(ewma["params"], batch))
   version = np.asarray(batch.policy_version)
   live = np.asarray(batch.completion_mask) & (version >= 0)
   old = np.array(batch.behaviour_logprobs, np.float32)
   for v in np.unique(version[live]):
-    lp = np.asarray(fn(params if v == step else hub.get(int(v))))
+    lp = np.asarray(score(params if v == step else hub.get(int(v)), batch))
     old = np.where(live & (version == v), lp, old)
   return old
 
 
-def step_metrics(info: dict, exp, batch, step: int, version: int, wait_s: float, timing: dict):
+def step_metrics(info: dict, batch, step: int, version: int, wait_s: float, timing: dict, *, max_staleness: int,
+                 batch_rollouts: int, producer_share: Optional[float] = None):
   """Adds the async loop's metrics to a step's row: staleness, waits, and ECHO-2's capacity prediction.
 
   The capacity model's inputs are running means (`timing`, updated here) of the update time,
-  the hand-off time and the producer's rollout throughput.
+  the hand-off time and the producer's rollout throughput; `batch_rollouts` is a step's rollouts
+  (prompts x samples), `producer_share` the rollout devices' share of all devices (None: no split).
   """
-  eta = exp.async_rl.max_staleness
+  eta = max_staleness
   smax, smean = staleness(batch, step)
   info.update({"async/staleness_max": smax, "async/staleness_mean": smean, "async/batch_version": float(version),
                "async/trainer_wait_s": wait_s,
@@ -279,10 +286,7 @@ def step_metrics(info: dict, exp, batch, step: int, version: int, wait_s: float,
   for k, v in (("train", info["time/update"]), ("handoff", info.get("async/handoff_s", 0.0)),
                ("rate", info.get("rollouts", 0.0) / max(collect_s, 1e-9))):
     timing[k] = v if k not in timing else 0.8 * timing[k] + 0.2 * v
-  rollout_devices = int(np.prod(exp.mesh.rollout_shape)) if exp.mesh.rollout_shape else 0
-  share = rollout_devices / (rollout_devices + int(np.prod(exp.mesh.shape))) if rollout_devices else None
-  c = capacity(timing["train"], timing["handoff"], timing["rate"],
-                              exp.control.prompts_per_step * exp.rollout.num_samples, eta, share)
+  c = capacity(timing["train"], timing["handoff"], timing["rate"], batch_rollouts, eta, producer_share)
   info.update({"async/capacity_train_s": timing["train"], "async/capacity_handoff_s": timing["handoff"],
                "async/capacity_rollouts_per_s": timing["rate"],
                "async/capacity_min_staleness": float(c.min_staleness),
@@ -407,19 +411,20 @@ class RolloutProducer:
 
 
 
-def init_state(exp, params, *, threaded: bool = False, disaggregated: bool = False) -> dict | None:
+def init_state(async_rl, params, *, threaded: bool = False, disaggregated: bool = False) -> dict | None:
   """The async part of the loop's checkpointed state (None when the run has none).
 
   The `max_staleness` versions a restarted producer needs (generated again from them, so a
   resumed run computes what an uninterrupted one does) and the EWMA proximal policy; copies,
   since the train step donates the params it is given.
 
-  `disaggregated`: the state of a run whose rollouts are other processes (`training.disaggregated`).
+  `async_rl`: the config's `async_rl` section. `disaggregated`: the state of a run whose rollouts
+  are other processes (`training.disaggregated`).
 
   Raises:
     ValueError: a producer thread (`max_staleness` > 0 or `threaded`) in a multi-process run.
   """
-  eta, mode = exp.async_rl.max_staleness, exp.async_rl.old_logprobs
+  eta, mode = async_rl.max_staleness, async_rl.old_logprobs
   if (eta > 0 or threaded) and jax.process_count() > 1 and not disaggregated:
     raise ValueError("async_rl.max_staleness > 0 runs a producer thread, which needs a single process "
                      f"({jax.process_count()} processes here); use the rollout mesh of one process, or "
@@ -441,20 +446,23 @@ class BatchSource:
   async state a checkpoint holds (`state`).
 
   Args:
-    exp: the experiment config; cfg: the model config.
+    async_rl: the config's `async_rl` section (staleness bound, old log-probs, EWMA beta).
     collect: `(pipeline_state, rollout_params, step, version) -> (batch, pipeline_state, info)`.
+    score: `(params, batch) -> [B, N, T]` log-probs (`scorer`), for the old log-probs.
     async_state: `init_state`'s dict (restored from a checkpoint when resuming), or None.
     params: the current params (version `start`).
-    start: the first step to produce; pipeline_state: the pipeline's state before it.
+    start, stop: the steps to produce; pipeline_state: the pipeline's state before `start`.
     handoff: `params -> rollout params`; context: the rollout mesh's sharding rules.
     threaded: run the producer thread even at `max_staleness=0` (the synchronous loop computed
       by the threaded machinery, a check of both).
+    batch_rollouts, producer_share: the capacity model's batch size and device split (`step_metrics`).
   """
 
-  def __init__(self, exp, cfg, collect: Callable, async_state: dict | None, params, *, start: int,
-               pipeline_state, handoff: Callable = lambda p: p, context: Callable = contextlib.nullcontext,
-               threaded: bool = False):
-    self.exp, self.cfg, self.eta = exp, cfg, exp.async_rl.max_staleness
+  def __init__(self, async_rl, collect: Callable, score: Callable, async_state: dict | None, params, *, start: int,
+               stop: int, pipeline_state, handoff: Callable = lambda p: p, context: Callable = contextlib.nullcontext,
+               threaded: bool = False, batch_rollouts: int = 0, producer_share: Optional[float] = None):
+    self.async_rl, self.eta, self._score = async_rl, async_rl.max_staleness, score
+    self._batch_rollouts, self._producer_share = batch_rollouts, producer_share
     self._collect, self._handoff, self._context = collect, handoff, context
     self.ewma = (async_state or {}).get("ewma")
     self.hub = self.producer = None
@@ -465,7 +473,7 @@ class BatchSource:
         if start - self.eta + i >= 0:
           self.hub.publish(start - self.eta + i, snap)
       self.hub.publish(start, copy_tree(params))
-      self.producer = RolloutProducer(collect, self.hub, pipeline_state, start=start, stop=exp.rl.steps,
+      self.producer = RolloutProducer(collect, self.hub, pipeline_state, start=start, stop=stop,
                                       max_staleness=self.eta, handoff=handoff, context=context).start()
 
   def next(self, step: int, pipeline_state, params):
@@ -483,7 +491,7 @@ class BatchSource:
     self._got_s = time.perf_counter() - t0
     if step - version > self.eta:
       raise RuntimeError(f"Step {step}: a batch of version {version} exceeds async_rl.max_staleness={self.eta}.")
-    old = old_logprobs(self.exp, self.cfg, batch, step, params, self.hub, self.ewma)
+    old = old_logprobs(self.async_rl.old_logprobs, self._score, batch, step, params, self.hub, self.ewma)
     if old is not None:
       batch = batch.replace(old_logprobs=old)
     return batch, pipeline_state, info, version
@@ -491,7 +499,7 @@ class BatchSource:
   def updated(self, step: int, params) -> None:
     """After step `step`'s update: the EWMA moves and version `step + 1` is published."""
     if self.ewma is not None:
-      avg, total = ewma_update(self.ewma["params"], self.ewma["total"], params, self.exp.async_rl.ewma_beta)
+      avg, total = ewma_update(self.ewma["params"], self.ewma["total"], params, self.async_rl.ewma_beta)
       self.ewma = {"params": avg, "total": total}
     if self.hub is not None:
       self.hub.publish(step + 1, copy_tree(params))
@@ -499,7 +507,8 @@ class BatchSource:
   def metrics(self, info: dict, batch, step: int, version: int) -> None:
     """Adds staleness, waits and the capacity prediction to the step's row (async runs only)."""
     if self.hub is not None or self.eta > 0:
-      step_metrics(info, self.exp, batch, step, version, self._got_s, self._timing)
+      step_metrics(info, batch, step, version, self._got_s, self._timing, max_staleness=self.eta,
+                   batch_rollouts=self._batch_rollouts, producer_share=self._producer_share)
 
   def state(self, step: int) -> dict:
     """The async state a checkpoint after step `step` holds."""

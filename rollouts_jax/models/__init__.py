@@ -17,6 +17,7 @@ __all__ = [
     "load_hf_checkpoint", "save_hf_checkpoint", "GGUFError", "check_gguf", "load_gguf", "smollm2_path",
     "KVCache", "Params", "compute_params", "dense", "forward", "forward_with_cache", "init_cache",
     "init_params", "param_axes", "param_shapes", "positions_from_mask", "rms_norm", "unembed",
-    "lora", "merge_lora", "LINEAR_WEIGHTS", "param_bytes", "quantize_params", "token_logprobs", "vocab_logprobs", "pick_and_entropy",
+    "lora", "merge_lora", "LINEAR_WEIGHTS", "param_bytes", "quantize_params", "token_logprobs", "vocab_logprobs",
+    "pick_and_entropy",
     "batch_logprobs", "rows_logprobs",
 ]

@@ -102,9 +102,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   eval_examples = list(test_examples[:exp.eval.num_examples])
   start, nonfinite_run, summary = 0, 0, {}
   if ckpt.latest_step() is not None:
-    restored, meta, _ = ckpt.restore_latest_intact(
-        placement_lib.abstract(state_on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh)))),
-        quarantine=True)
+    on_disk = state_on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh)))
+    restored, meta, _ = ckpt.restore_latest_intact(placement_lib.abstract(on_disk), quarantine=True)
     state = state_from_disk(restored, dict(state, pipeline=restored["pipeline"]))
     state["pipeline"] = placement_lib.local(state["pipeline"])
     start, nonfinite_run, summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
@@ -160,8 +159,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
       if "async" in state:
         state["async"] = source.state(step)
       # Skipped updates leave the state finite.
-      ckpt.save(step + 1, state_on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh))), meta,
-                force=done or stop)
+      ckpt.save(step + 1, state_on_disk(dict(state, pipeline=placement_lib.replicated(state["pipeline"], mesh))),
+                meta, force=done or stop)
       if stop:
         logger.close()
         ckpt.close()

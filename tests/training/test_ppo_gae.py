@@ -18,6 +18,7 @@ from rollouts_jax.training import config as config_lib
 from rollouts_jax.training import loop
 from rollouts_jax.training import placement as placement_lib
 from rollouts_jax.training import rl_step as rl
+from tests.training.test_new_algorithms import _model   # the smoke model over VOCAB tokens (the same B, N, P, T, VOCAB)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 B, N, P, T, VOCAB = 4, 4, 5, 6, 24
@@ -36,13 +37,6 @@ def _exp(config="ppo_gae", **rl_settings):
     else:
       setattr(cd.rl, key, value)
   return config_lib.from_config_dict(cd)
-
-
-def _model(exp):
-  m = exp.model
-  return models.ModelConfig(model_type=m.model_type, vocab_size=VOCAB, hidden_size=m.hidden_size,
-                            intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
-                            num_kv_heads=m.num_kv_heads, tie_word_embeddings=m.tie_word_embeddings)
 
 
 def _rollouts(seed=0):

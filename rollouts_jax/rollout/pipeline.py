@@ -42,14 +42,17 @@ class PipelineState:
   generator: Any = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class RolloutPipeline:
-  """The built stages of one experiment; each field is its config key's (`training.config`).
+  """The built stages of one experiment; each field is its config key's (`training.build.build_pipeline`).
 
-  `max_refills` -1 refills until B groups are informative (`rollout.groups.Refills`);
-  `teacher_params` / `teacher_cfg` are distillation's teacher or
-  ERILS's external policy (`teacher_cfg` None: the student's); `env` a multi-turn
-  environment, whose generator sets the rewards itself (`Generator.scores`: FILTER skipped).
+  The fields that carry a config value have no default here: the config section is their one
+  source (`training.config`), so a default cannot drift from it. `max_refills` -1 refills until
+  B groups are informative (`rollout.groups.Refills`); `teacher_params` / `teacher_cfg` are
+  distillation's teacher or ERILS's external policy (`teacher_cfg` None: the student's); `env` a
+  multi-turn environment, whose generator sets the rewards itself (`Generator.scores`: FILTER
+  skipped). `buffer` (REPLAY) and `partial` (APRIL's store) are set by the builder once the
+  generator's batch shape is known; None: not configured.
   """
   cfg: models.ModelConfig
   prompter: Prompter
@@ -58,28 +61,28 @@ class RolloutPipeline:
   scorer: rewards.GroupScorer
   selector: control.PromptSelector
   batch_size: int
-  dynamic_sampling: bool = False
-  max_refills: int = -1
-  buffer: Optional[replay.RolloutBuffer] = None
-  max_staleness: int = 4
-  clusters: Optional[str] = None
-  needs_seq_logprobs: bool = False
-  ref_samples: int = 0
-  ref_refresh: int = 0
-  presample: bool = False
-  overlong_buffer: int = 0
-  max_failure_frac: float = 0.5
-  partial: Optional[replay.RolloutBuffer] = None
-  partial_requests: int = 0
+  dynamic_sampling: bool
+  max_refills: int
+  max_staleness: int
+  clusters: Optional[str]
+  needs_seq_logprobs: bool
+  ref_samples: int
+  ref_refresh: int
+  presample: bool
+  overlong_buffer: int
+  max_failure_frac: float
+  partial_requests: int
+  external_samples: int
+  distill: str
+  generator_name: str
+  generator_kwargs: Mapping[str, Any]
+  seed: int
   teacher_params: Any = None
   teacher_cfg: Optional[models.ModelConfig] = None
-  external_samples: int = 0
-  distill: str = ""
-  generator: Optional[generators.Generator] = None
-  generator_name: str = "sample"
-  generator_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   env: Any = None
-  seed: int = 0
+  generator: Optional[generators.Generator] = None
+  buffer: Optional[replay.RolloutBuffer] = None
+  partial: Optional[replay.RolloutBuffer] = None
 
   def __post_init__(self):
     self.filter = Filter(self.cfg, self.prompter, self.scorer, self.sampling_config, self.overlong_buffer,

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rollouts_jax.sharding.partition import handoff, param_shardings, use_rules
-from rollouts_jax.sharding.rules import AXIS_NAMES, Rules, get_rules
+from rollouts_jax.sharding.rules import AXIS_NAMES, PRESETS, Rules, get_rules
 
 def _resolve_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
   """Fills one -1 entry and checks that the shape uses exactly `num_devices` devices."""
@@ -79,26 +79,39 @@ def make_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str] = AXIS_NAMES,
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """Static mesh settings (what the experiment config's `sharding` block selects).
+  """The device mesh (data, fsdp, tensor) and its logical-axis preset; the experiment config's `mesh` section.
+
+  One definition for the config section and `RolloutTrainMeshes.create`, so the keys and their
+  defaults cannot drift apart. `check()` reads the section alone (names and forms); the devices
+  are counted when the meshes are built.
 
   Attributes:
-    mesh_shape: training mesh (data, fsdp, tensor); one entry may be -1.
+    shape: training mesh (data, fsdp, tensor); one entry may be -1 (fill with the remaining devices).
     preset: rules preset of the training mesh ("pure_dp", "fsdp", "fsdp_tp").
-    rollout_mesh_shape: a separate rollout mesh, or None to roll out on the training mesh.
-    rollout_preset: rules preset for rollouts (default: `preset`).
+    rollout_shape: a separate rollout mesh on other devices (Tunix-style roles), or () to roll out on
+      the training mesh; weights are handed off to it before each generation.
+    rollout_preset: rules preset for rollouts ("": `preset`).
   """
-  mesh_shape: tuple[int, ...] = (1, -1, 1)
+  shape: tuple[int, ...] = (1, 1, 1)
   preset: str = "fsdp"
-  rollout_mesh_shape: tuple[int, ...] | None = None
-  rollout_preset: str | None = None
+  rollout_shape: tuple[int, ...] = ()
+  rollout_preset: str = ""
 
   def __post_init__(self):
-    object.__setattr__(self, "mesh_shape", tuple(int(s) for s in self.mesh_shape))
-    if self.rollout_mesh_shape is not None:
-      object.__setattr__(self, "rollout_mesh_shape", tuple(int(s) for s in self.rollout_mesh_shape))
-    get_rules(self.preset)
-    if self.rollout_preset is not None:
-      get_rules(self.rollout_preset)
+    object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+    object.__setattr__(self, "rollout_shape", tuple(int(s) for s in self.rollout_shape))
+
+  def check(self) -> None:
+    """The `mesh` keys: known presets, and shapes of one size per axis (positive, at most one -1)."""
+    for key, preset in (("mesh.preset", self.preset), ("mesh.rollout_preset", self.rollout_preset)):
+      if preset and preset not in PRESETS:
+        raise ValueError(f"Config key {key}: unknown sharding preset {preset!r}; choose one of {', '.join(PRESETS)}.")
+    for key, shape in (("mesh.shape", self.shape), ("mesh.rollout_shape", self.rollout_shape)):
+      if key == "mesh.rollout_shape" and not shape:
+        continue
+      if len(shape) != len(AXIS_NAMES) or any(s == 0 or s < -1 for s in shape) or shape.count(-1) > 1:
+        raise ValueError(f"Config key {key}={shape}: one size per axis ({', '.join(AXIS_NAMES)}), each positive "
+                         "or -1 (fill with the remaining devices) at most once.")
 
 
 def _split_devices(train_shape, rollout_shape, devices):
@@ -106,7 +119,7 @@ def _split_devices(train_shape, rollout_shape, devices):
   n = len(devices)
   t_fill, r_fill = -1 in train_shape, -1 in rollout_shape
   if t_fill and r_fill:
-    raise ValueError(f"Only one of mesh_shape {train_shape} and rollout_mesh_shape {rollout_shape} "
+    raise ValueError(f"Only one of mesh.shape {train_shape} and mesh.rollout_shape {rollout_shape} "
                      "may contain -1.")
   pt = None if t_fill else math.prod(train_shape)
   pr = None if r_fill else math.prod(rollout_shape)
@@ -115,16 +128,16 @@ def _split_devices(train_shape, rollout_shape, devices):
   if pt is None:
     pt = n - pr
     if pt <= 0:
-      raise ValueError(f"rollout_mesh_shape {rollout_shape} uses all {n} devices; none left for mesh_shape "
+      raise ValueError(f"mesh.rollout_shape {rollout_shape} uses all {n} devices; none left for mesh.shape "
                        f"{train_shape}.")
   if pr is None:
     pr = n - pt
     if pr <= 0:
-      raise ValueError(f"mesh_shape {train_shape} uses all {n} devices; none left for rollout_mesh_shape "
+      raise ValueError(f"mesh.shape {train_shape} uses all {n} devices; none left for mesh.rollout_shape "
                        f"{rollout_shape}.")
   if pt + pr > n:
     raise ValueError(
-        f"mesh_shape {train_shape} ({pt} devices) and rollout_mesh_shape {rollout_shape} ({pr} devices) "
+        f"mesh.shape {train_shape} ({pt} devices) and mesh.rollout_shape {rollout_shape} ({pr} devices) "
         f"need {pt + pr} devices but {n} are available; use disjoint meshes that fit, or both of size {n}.")
   return devices[:pt], devices[pt:pt + pr]
 
@@ -151,12 +164,12 @@ class RolloutTrainMeshes:
     devices = list(jax.devices() if devices is None else devices)
     train_rules = get_rules(config.preset)
     rollout_rules = get_rules(config.rollout_preset or config.preset)
-    if config.rollout_mesh_shape is None:
-      mesh = make_mesh(config.mesh_shape, axis_names, devices)
+    if not config.rollout_shape:
+      mesh = make_mesh(config.shape, axis_names, devices)
       return cls(mesh, mesh, train_rules, rollout_rules)
-    t_dev, r_dev = _split_devices(config.mesh_shape, config.rollout_mesh_shape, devices)
-    return cls(make_mesh(config.mesh_shape, axis_names, t_dev),
-               make_mesh(config.rollout_mesh_shape, axis_names, r_dev), train_rules, rollout_rules)
+    t_dev, r_dev = _split_devices(config.shape, config.rollout_shape, devices)
+    return cls(make_mesh(config.shape, axis_names, t_dev),
+               make_mesh(config.rollout_shape, axis_names, r_dev), train_rules, rollout_rules)
 
   @property
   def separate(self) -> bool:

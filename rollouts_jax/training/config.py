@@ -20,6 +20,7 @@ section's own `check()`, which reads that section alone (names and registry look
 ranges, which of its own modes combine), then the rules between sections, `CROSS_SECTION_RULES`:
 
   `_model_tokenizer`     model.init='gguf' / tokenizer.kind='gguf' and tokenizer.kind, tokenizer.path
+  `_sft_pretrained`      sft.from_pretrained and model.init
   `_lora_model_mesh`     lora.rank and the model's sizes, mesh.shape / mesh.rollout_shape
   `_truncation_tis`      rollout.top_k / top_p and rl.tis_cap
   `_environment`         rollout.env and reward.name / overlong_buffer; rollout.turn_credit and rl.echo_shaping
@@ -51,6 +52,8 @@ import functools
 import os
 import typing
 from typing import Any, Mapping
+
+from rollouts_jax.sharding.mesh import MeshConfig  # the `mesh` section (one definition for the config and the meshes)
 
 # rollout.distill: on-policy distillation's teacher signal, the single-sample advantage or
 # (suffix "_full") the full-vocabulary KL; the generators "esr" / "adwin" shorten the rollouts.
@@ -158,6 +161,10 @@ class SFTConfig:
   grad_clip: float = 1.0
   cache_dir: str = ""           # "" = ~/.cache/rollouts_jax/warmstart; a warm start is reused by hash
   log_every: int = 50
+  # With model.init 'gguf' / 'hf': fine-tune the loaded pretrained model for `steps` before RL (the
+  # warm start is cached the same way); False: RL starts from the model as loaded. model.init 'sft'
+  # always fine-tunes a randomly initialised small model.
+  from_pretrained: bool = False
 
   def check(self) -> None:
     """The `sft` keys: steps, batch size and learning rate."""
@@ -523,20 +530,6 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshConfig:
-  """Device mesh (data, fsdp, tensor) and the logical-axis preset (pure_dp, fsdp, fsdp_tp); see docs/sharding.md."""
-  shape: tuple[int, ...] = (1, 1, 1)
-  preset: str = "fsdp"
-  # A separate rollout mesh on other devices (Tunix-style roles; () = roll out on the training
-  # mesh); weights are handed off to it before each generation.
-  rollout_shape: tuple[int, ...] = ()
-  rollout_preset: str = ""      # "" = preset
-
-  def check(self) -> None:
-    """No checks here: the mesh is checked against the devices when it is built (`rollouts_jax.sharding`)."""
-
-
-@dataclasses.dataclass(frozen=True)
 class AsyncConfig:
   """Rollouts generated while the trainer updates (AReaL / ECHO-2), with bounded staleness.
 
@@ -838,6 +831,13 @@ def _model_tokenizer(cfg: ExperimentConfig) -> None:
     raise ValueError("tokenizer.kind='gguf' needs tokenizer.path (a .gguf file) unless model.init='gguf'.")
 
 
+def _sft_pretrained(cfg: ExperimentConfig) -> None:
+  """sft.from_pretrained and model.init: only a loaded pretrained model ('gguf' / 'hf') is fine-tuned first."""
+  if cfg.sft.from_pretrained and cfg.model.init not in ("gguf", "hf"):
+    raise ValueError(f"sft.from_pretrained fine-tunes a pretrained model before RL: it needs model.init 'gguf' or "
+                     f"'hf', got {cfg.model.init!r} ('sft' already fine-tunes its random init; 'random' has none).")
+
+
 def _lora_model_mesh(cfg: ExperimentConfig) -> None:
   """lora.rank against the model's sizes (model.hidden_size ...) and a one-device mesh (mesh.shape, rollout_shape)."""
   lo, m = cfg.lora, cfg.model
@@ -1088,8 +1088,9 @@ SECTIONS = ("model", "lora", "tokenizer", "data", "sft", "rollout", "reward", "c
 
 #: The rules between sections (the module docstring lists them), in the order `validate` applies them.
 CROSS_SECTION_RULES = (
-    _model_tokenizer, _lora_model_mesh, _truncation_tis, _environment, _generator_settings, _external_samples,
-    _cat_reward, _distill_kl, _distill, _generator_paths, _partial_rollouts, _task_reward, _overlong_buffer,
+    _model_tokenizer, _sft_pretrained, _lora_model_mesh, _truncation_tis, _environment, _generator_settings,
+    _external_samples, _cat_reward, _distill_kl, _distill, _generator_paths, _partial_rollouts, _task_reward,
+    _overlong_buffer,
     _selector, _replay_capacity, _kl_horizon, _echo_tree, _minibatches, _critic, _uniqueness_clusters,
     _reference_rewards, _async_old_logprobs)
 

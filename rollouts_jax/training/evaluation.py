@@ -20,20 +20,27 @@ from rollouts_jax.training import eval_metrics
 
 @dataclasses.dataclass
 class Evaluator:
-  """Evaluates a policy on held-out examples with the task's verifier."""
+  """Evaluates a policy on held-out examples with the task's verifier.
+
+  The settings after `sampling_config` are keyword-only with no defaults: they are the config's
+  `eval.k / batch_size / selection` and `reward.num_workers / timeout_s` (`training.build.evaluator`),
+  whose defaults live in the config sections alone. `deeplook` (a `sampling.deeplook.DeepLookConfig`,
+  None: off) also decodes with DeepLook, voting with `deeplook_vote` weights.
+  """
   cfg: Any
   prompter: Prompter
   sampling_config: sampling.SamplingConfig
-  k: int = 4
-  batch_size: int = 100
-  num_workers: int = 2
-  timeout_s: float = 5.0
-  selection: tuple[str, ...] = ()
-  deeplook: Any = None          # a `sampling.deeplook.DeepLookConfig`: also decode with DeepLook
-  deeplook_vote: str = "likelihood"
+  _: dataclasses.KW_ONLY
+  k: int
+  batch_size: int
+  num_workers: int
+  timeout_s: float
+  selection: tuple[str, ...]
+  deeplook: Any = None
+  deeplook_vote: str = ""
 
   def __post_init__(self):
-    if self.deeplook_vote not in DEEPLOOK_VOTES:
+    if self.deeplook is not None and self.deeplook_vote not in DEEPLOOK_VOTES:
       raise ValueError(f"Config key eval.deeplook_kwargs: vote_weight must be one of {', '.join(DEEPLOOK_VOTES)}; "
                        f"got {self.deeplook_vote!r}.")
     unknown = [rule for rule in self.selection if rule not in SELECTION_RULES]

@@ -9,7 +9,6 @@ import jax
 import numpy as np
 
 from rollouts_jax import models
-from rollouts_jax.training.config import MeshConfig
 from rollouts_jax.training.rl_step import TrainState
 
 log = logging.getLogger(__name__)
@@ -22,7 +21,7 @@ class Placement:
   policy is handed off (resharded) to the rollout mesh before each generation.
   """
 
-  def __init__(self, mesh: MeshConfig, cfg: models.ModelConfig):
+  def __init__(self, mesh: "sharding.MeshConfig", cfg: models.ModelConfig):
     from rollouts_jax import sharding  # pylint: disable=g-import-not-at-top
     self.sharding, self.cfg = sharding, cfg
     shape = tuple(mesh.shape)
@@ -31,8 +30,7 @@ class Placement:
     # The rollout devices' share of all devices (None: rollouts and updates share the devices).
     self.producer_share = rollout_devices / (rollout_devices + int(np.prod(shape))) if rollout_devices else None
     if self.active:
-      self.roles = sharding.RolloutTrainMeshes.create(sharding.MeshConfig(
-          shape, mesh.preset, tuple(mesh.rollout_shape) or None, mesh.rollout_preset or None))
+      self.roles = sharding.RolloutTrainMeshes.create(mesh)
       self.mesh = self.roles.train_mesh
       self.param_shardings = self.roles.train_shardings(cfg)
       log.info("Training mesh: %s", sharding.describe(self.mesh))

@@ -200,8 +200,9 @@ def test_dynamic_sampling_refills_until_informative_or_gives_up(monkeypatch, cap
 def test_dynamic_sampling_by_default_refills_until_the_batch_is_full(monkeypatch, caplog):
   """DAPO's rule (`max_refills=-1`): refill until B informative groups, however many it takes;
   only a run of `STALL_REFILLS` fruitless generations stops it, with a warning and the shortfall."""
-  assert config_lib.ControlConfig().max_refills == -1 and pipeline_lib.RolloutPipeline.max_refills == -1
+  assert config_lib.ControlConfig().max_refills == -1
   p, params = _pipeline(_exp(control={"dynamic_sampling": True}))
+  assert p.max_refills == -1                                   # the pipeline's value is the config's
   calls = []
 
   def one_group_a_call(self, texts, refs=None, **kw):   # one informative group per generation

@@ -65,7 +65,14 @@ def test_unknown_logical_name_and_preset_raise():
   with pytest.raises(ValueError, match="Unknown sharding preset 'tp'.*pure_dp, fsdp, fsdp_tp"):
     sh.get_rules("tp")
   with pytest.raises(ValueError, match="Unknown sharding preset"):
-    sh.MeshConfig(preset="fsdp2")
+    sh.RolloutTrainMeshes.create(sh.MeshConfig(preset="fsdp2"))
+  with pytest.raises(ValueError, match=r"Config key mesh.rollout_preset: unknown sharding preset 'fsdp2'"):
+    sh.MeshConfig(rollout_shape=(1, 1, 1), rollout_preset="fsdp2").check()
+  with pytest.raises(ValueError, match=r"Config key mesh.shape=\(1, -1, -1\): one size per axis"):
+    sh.MeshConfig(shape=(1, -1, -1)).check()
+  with pytest.raises(ValueError, match=r"Config key mesh.rollout_shape=\(2, 1\)"):
+    sh.MeshConfig(rollout_shape=(2, 1)).check()
+  sh.MeshConfig(shape=(1, -1, 1), rollout_shape=(1, 1, 2), rollout_preset="fsdp_tp").check()
 
 
 def test_every_param_axis_name_has_a_rule_in_every_preset():

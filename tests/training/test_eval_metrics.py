@@ -185,7 +185,8 @@ def test_test_time_selection_rules_pick_different_samples():
   # soft-SC (max): "2" has -0.2 > -0.3 -> wrong. Prompt 1: nothing to choose.
   assert got == {"eval/bon@4": 0.0, "eval/bom@4": 0.5, "eval/soft_sc@4": 0.0}
   with pytest.raises(ValueError, match="eval.selection.*'best'"):
-    evaluation.Evaluator(None, type("P", (), {"task": None})(), None, selection=("best",))
+    evaluation.Evaluator(None, type("P", (), {"task": None})(), None, k=4, batch_size=8, num_workers=1, timeout_s=1.0,
+                         selection=("best",))
 
 
 def test_selection_rules_run_in_the_loop_from_the_config(tmp_path, monkeypatch):

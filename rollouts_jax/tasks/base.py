@@ -85,6 +85,17 @@ class Task:
     """The reference completion (SFT target) of an example."""
     return data_lib.format_completion(example, self.name)
 
+  def completion_segments(self, example: Mapping[str, Any], tokenizer, template: str = "plain"
+                          ) -> list[tuple[str, bool]]:
+    """The SFT target as (text, trained) pieces: a multi-turn task's observations are untrained.
+
+    The default is the whole `completion`, trained. A task whose target holds an environment's
+    observations (a tool's output) returns them as untrained pieces in the format the episode
+    renders them, so SFT teaches the policy's turns only.
+    """
+    del tokenizer, template
+    return [(self.completion(example), True)]
+
   def reference(self, example: Mapping[str, Any]) -> Any:
     """What `grade` compares an answer with."""
     return str(example["answer"])

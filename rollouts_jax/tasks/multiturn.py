@@ -54,6 +54,19 @@ class MultiplyTool(base.Arithmetic):
     return (f"{calculator_env.TOOL_OPEN}{expr}{calculator_env.TOOL_CLOSE}"
             f"{calculator_env.RESULT_OPEN}{answer}{calculator_env.RESULT_CLOSE}<answer>{answer}</answer>")
 
+  def completion_segments(self, example, tokenizer, template="plain"):
+    """In the chat format: the call (trained), the calculator's `tool` message as the episode renders it
+    (`envs.ChatRenderer`, untrained), the answer (trained). The plain format keeps `completion` whole,
+    the target its published warm start was trained on (the result text trained too)."""
+    if template != "chat" or not self.uses_tool(example):
+      return [(self.completion(example), True)]
+    from rollouts_jax.envs import base as env_base  # pylint: disable=g-import-not-at-top
+    answer = str(example["answer"])
+    expr = f"{int(example['a'])}{example.get('op', '*')}{int(example['b'])}"
+    observation = env_base.ChatRenderer(tokenizer).observation(answer, ended_with_eos=False)
+    return [(f"{calculator_env.TOOL_OPEN}{expr}{calculator_env.TOOL_CLOSE}", True), (observation, False),
+            (f"<answer>{answer}</answer>", True)]
+
 
 @dataclasses.dataclass(frozen=True)
 class Guess(base.Task):

@@ -73,9 +73,11 @@ def warm_start_key(data: DataConfig, tok: TokenizerConfig, m: ModelSectionConfig
     if not model[key]:
       model.pop(key)
   model["hf_path"] = model.pop("path")   # the key's name before model.path held GGUF files too
+  sft_key = {k: v for k, v in dataclasses.asdict(sft).items() if k not in ("cache_dir", "log_every")}
+  if not sft_key["from_pretrained"]:   # the default leaves earlier warm starts' keys as they were
+    sft_key.pop("from_pretrained")
   parts = {"data": dataclasses.asdict(data), "tokenizer": dataclasses.asdict(tok), "model": model,
-           "sft": {k: v for k, v in dataclasses.asdict(sft).items() if k not in ("cache_dir", "log_every")},
-           "seed": seed}
+           "sft": sft_key, "seed": seed}
   for k in ("data_dir", "manual_dir"):
     parts["data"].pop(k)
   return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -94,12 +96,15 @@ def warm_start(task: tasks.Task, train_examples: Sequence[dict], *, data: DataCo
   built = {}
 
   def build(tmp: pathlib.Path):
-    tokenizer = make_tokenizer(tok, m)
-    cfg = model_config(m, tokenizer)
-    params = models.init_params(cfg, jax.random.key(seed), dtype)
+    if sft.from_pretrained:   # the loaded GGUF / HF model, fine-tuned
+      cfg, params, tokenizer = _pretrained(m, tok)
+    else:
+      tokenizer = make_tokenizer(tok, m)
+      cfg = model_config(m, tokenizer)
+      params = models.init_params(cfg, jax.random.key(seed), dtype)
     instruction = prompt_instruction(task, tok)
     prompts = [task.prompt(ex, tokenizer, data.template, instruction=instruction) for ex in train_examples]
-    completions = [task.completion(ex) for ex in train_examples]
+    completions = [task.completion_segments(ex, tokenizer, data.template) for ex in train_examples]
     tokens, attn, loss_mask = tokenize_pairs(prompts, completions, tokenizer)
     log.info("SFT warm start: %d examples of %d tokens, %d steps", len(train_examples), tokens.shape[1], sft.steps)
     t0 = time.time()
@@ -117,22 +122,33 @@ def warm_start(task: tasks.Task, train_examples: Sequence[dict], *, data: DataCo
   filelock.atomic_build(folder, build, done_file="done.json")
   if built:
     return built["cfg"], built["params"], built["tokenizer"], folder
-  tokenizer = data_lib.load_tokenizer(folder / "tokenizer.json")
   cfg, params = models.load_hf_checkpoint(folder, dtype=dtype)
-  return cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype), params, tokenizer, folder
+  cfg = cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype)
+  if sft.from_pretrained:   # the pretrained model's own tokenizer (a GGUF file's, an HF folder's)
+    tokenizer = make_tokenizer(tok, m)
+    return fit_vocabulary(cfg, tokenizer), params, tokenizer, folder
+  return cfg, params, data_lib.load_tokenizer(folder / "tokenizer.json"), folder
+
+
+def _pretrained(m: ModelSectionConfig, tok: TokenizerConfig):
+  """(cfg, params, tokenizer) of model.init 'hf' / 'gguf' as loaded from model.path."""
+  dtype = jnp.dtype(m.dtype)
+  if m.init == "hf":
+    cfg, params = models.load_hf_checkpoint(m.path, dtype=dtype)
+  else:
+    cfg, params = models.load_gguf(gguf.resolve_path(m.path), dtype=dtype)
+  tokenizer = make_tokenizer(tok, m)
+  cfg = cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype)
+  return fit_vocabulary(cfg, tokenizer), params, tokenizer
 
 
 def load_policy(task: tasks.Task, train_examples: Sequence[dict], *, data: DataConfig, tok: TokenizerConfig,
                 m: ModelSectionConfig, sft: SFTConfig, seed: int, log_fn=None) -> tuple[Any, Any, Any]:
-  """(cfg, params, tokenizer) of the configured initial policy."""
+  """(cfg, params, tokenizer) of the configured initial policy (`sft.from_pretrained`: the loaded model's
+  cached SFT warm start)."""
   dtype = jnp.dtype(m.dtype)
-  if m.init in ("hf", "gguf"):
-    if m.init == "hf":
-      cfg, params = models.load_hf_checkpoint(m.path, dtype=dtype)
-    else:
-      cfg, params = models.load_gguf(gguf.resolve_path(m.path), dtype=dtype)
-    tokenizer = make_tokenizer(tok, m)
-    return fit_vocabulary(cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype), tokenizer), params, tokenizer
+  if m.init in ("hf", "gguf") and not sft.from_pretrained:
+    return _pretrained(m, tok)
   if m.init == "random":
     tokenizer = make_tokenizer(tok, m)
     cfg = model_config(m, tokenizer)

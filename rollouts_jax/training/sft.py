@@ -20,17 +20,26 @@ from rollouts_jax.models import ModelConfig, Params
 from rollouts_jax.training.rl_step import TrainState, init_train_state, make_optimizer
 
 
-def tokenize_pairs(prompts: Sequence[str], completions: Sequence[str], tokenizer, max_len: int | None = None):
+def tokenize_pairs(prompts: Sequence[str], completions: Sequence, tokenizer, max_len: int | None = None):
   """Tokens [E, L] (right-padded), attention mask [E, L] and loss mask [E, L] (completion + EOS).
+
+  A completion is a string (all trained) or a list of (text, trained) pieces, each encoded on
+  its own as a multi-turn episode appends them (`Task.completion_segments`: a tool's
+  observation untrained); EOS follows the last piece and is trained.
 
   Raises:
     ValueError: an example longer than `max_len`.
   """
   rows, loss_rows = [], []
   for p, c in zip(prompts, completions):
-    p_ids, c_ids = tokenizer.encode(p), tokenizer.encode(c) + [tokenizer.eos_id]
-    rows.append(p_ids + c_ids)
-    loss_rows.append([False] * len(p_ids) + [True] * len(c_ids))
+    pieces = [(c, True)] if isinstance(c, str) else list(c)
+    p_ids, row, loss_row = tokenizer.encode(p), [], []
+    for text, trained in pieces:
+      ids = list(tokenizer.encode(text))
+      row += ids
+      loss_row += [bool(trained)] * len(ids)
+    rows.append(p_ids + row + [tokenizer.eos_id])
+    loss_rows.append([False] * len(p_ids) + loss_row + [True])
   longest = max(len(r) for r in rows)
   L = max_len or int(-(-longest // 8) * 8)
   if longest > L:

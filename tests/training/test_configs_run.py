@@ -39,9 +39,10 @@ def _tiny_qwen_folder(folder: pathlib.Path, corpus):
 CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if "def get_config" in p.read_text())
 # The real model's smoke steps take 1-2 minutes each on two cores. The default suite runs the
 # real-LM job's own config (smollm2_addition); the study arms built on it and its LoRA variant
-# (whose methods the small model's configs drive in the default suite) run with `-m slow`.
+# (whose methods the small model's configs drive in the default suite) and its multi-turn
+# calculator run (an SFT of the real model first) run with `-m slow`.
 REAL_MODEL_ARMS = {"smollm2_lora", "repro_real_base", "repro_real_mc_grpo", "repro_real_opd", "repro_real_sol_rl",
-                   "repro_real_ttrl"}
+                   "repro_real_ttrl", "smollm2_calculator"}
 
 
 @pytest.fixture(scope="module")

@@ -164,16 +164,22 @@ def verdict_real_sol_rl(t):
 
 
 def verdict_real_opd(t):
-  """ESR (early-stopped rollouts) against full-rollout OPD: as accurate, with fewer generated tokens."""
-  d, d_se = diff(t, "esr", "opd", "pass@1 after")
-  if d is None:
-    return None, "not both of opd and esr ran"
-  te, _ = mean_se(t, "esr", "generated tokens")
+  """ESR (early-stopped rollouts) and ADWIN (its adaptive window) against full-rollout OPD: as accurate,
+  with fewer generated tokens (ADWIN's probes counted)."""
+  parts, held = [], True
   to, _ = mean_se(t, "opd", "generated tokens")
-  frac = te / to if te is not None and to else None
-  held = d >= -max(0.05, 2 * d_se) and frac is not None and frac < 0.9
-  return held, (f"esr - opd held-out pass@1 {_fmt(d)} (se {d_se:.3f}); ESR generated "
-                f"{'n/a' if frac is None else f'{100 * frac:.0f}%'} of OPD's tokens")
+  for arm in ("esr", "adwin"):
+    d, d_se = diff(t, arm, "opd", "pass@1 after")
+    if d is None:
+      if arm == "esr":
+        return None, "not both of opd and esr ran"
+      continue
+    te, _ = mean_se(t, arm, "generated tokens")
+    frac = te / to if te is not None and to else None
+    held = held and d >= -max(0.05, 2 * d_se) and frac is not None and frac < 0.9
+    parts.append(f"{arm} - opd held-out pass@1 {_fmt(d)} (se {d_se:.3f}); {arm.upper()} generated "
+                 f"{'n/a' if frac is None else f'{100 * frac:.0f}%'} of OPD's tokens")
+  return held, "; ".join(parts)
 
 
 _COMMON = {"pass@1 before": "eval/pass@1 before", "pass@1 after": "eval/pass@1 after",
@@ -289,14 +295,17 @@ REAL_STUDIES = {s.name: s for s in [
         name="real_opd", paper="On-policy distillation (GKD, arXiv 2306.13649) with early-stopped rollouts (ESR)",
         claim="A student trained on a teacher's per-token log-ratios over its own rollouts gains accuracy with no "
               "reward; rollouts stopped after a prefix (ESR) keep that gain with fewer generated tokens.",
-        arms=("opd", "esr"),
+        arms=("opd", "esr", "adwin"),
         metrics={**_REAL_EVAL, "generated tokens": "generated_tokens", "reverse KL, last 10": "reverse_kl_last10",
-                 **_COMPUTE},
+                 "window, mean over steps": "distill_window_mean", "window, last": "distill_window_last",
+                 "probe tokens": "probe_tokens", **_COMPUTE},
         verdict=verdict_real_opd,
-        rule="held if ESR's held-out pass@1 after training is within max(0.05, 2 se) of full-rollout OPD's while "
-             "it generates under 90% of OPD's tokens; OPD's own gain is the pass@1 gain column",
+        rule="held if ESR's (and ADWIN's) held-out pass@1 after training is within max(0.05, 2 se) of "
+             "full-rollout OPD's while it generates under 90% of OPD's tokens (ADWIN's full-length probes "
+             "counted); OPD's own gain is the pass@1 gain column",
         miniature=_REAL + "; the teacher is the same model after 24 GRPO steps on the task's reward (the `teacher` "
-                          "arm, seed 0); ESR keeps the first 12 of 24 tokens; single-sample reverse-KL advantage "
+                          "arm, seed 0); ESR keeps the first 12 of 24 tokens; ADWIN starts at 12 and probes every 5 steps "
+                          "(window in [4, 24], multiples of 4); single-sample reverse-KL advantage "
                           "(paper settings: larger teachers, long reasoning traces)",
         teacher="teacher"),
 ]}
@@ -424,6 +433,12 @@ def run_result(workdir: pathlib.Path) -> dict[str, Any]:
   kl = [r["distill/reverse_kl"] for r in steps if "distill/reverse_kl" in r]
   if kl:   # on-policy distillation: the sampled reverse KL to the teacher over the last 10 steps
     out["reverse_kl_last10"] = sum(kl[-10:]) / len(kl[-10:])
+  windows = [r["distill/window"] for r in steps if "distill/window" in r]
+  if windows:   # ESR / ADWIN: the generation window, mean over steps and last
+    out["distill_window_mean"], out["distill_window_last"] = sum(windows) / len(windows), windows[-1]
+  probe = [r["distill/probe_tokens"] for r in steps if "distill/probe_tokens" in r]
+  if probe:   # ADWIN: the full-length probes' tokens (included in generated_tokens)
+    out["probe_tokens"] = sum(probe)
   return out
 
 

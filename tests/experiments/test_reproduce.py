@@ -67,6 +67,35 @@ def test_ttrl_and_sol_rl_verdicts():
   assert sol.verdict(rp.aggregate(sol, full + worse))[0] is False
 
 
+def test_real_opd_verdict_counts_adwin_s_probe_tokens():
+  """ESR and ADWIN each must match OPD's accuracy with under 90% of its generated tokens; ADWIN's full-length
+  probes count in its tokens, and its window is read from the run's metrics."""
+  study = rp.REAL_STUDIES["real_opd"]
+  opd = [_run("opd", s, 0.40 + g, generated_tokens=20000.0) for s, g in enumerate([0.0, 0.02])]
+  esr = [_run("esr", s, 0.41 + g, generated_tokens=17800.0) for s, g in enumerate([0.0, 0.02])]
+  cheap = [_run("adwin", s, 0.40 + g, generated_tokens=15000.0) for s, g in enumerate([0.0, 0.02])]
+  costly = [_run("adwin", s, 0.40 + g, generated_tokens=19000.0) for s, g in enumerate([0.0, 0.02])]
+  worse = [_run("adwin", s, 0.20 + g, generated_tokens=15000.0) for s, g in enumerate([0.0, 0.02])]
+  held, text = study.verdict(rp.aggregate(study, opd + esr + cheap))
+  assert held is True and "ADWIN generated 75% of OPD's tokens" in text
+  assert study.verdict(rp.aggregate(study, opd + esr + costly))[0] is False   # 95%: saves too little
+  assert study.verdict(rp.aggregate(study, opd + esr + worse))[0] is False
+  held, text = study.verdict(rp.aggregate(study, opd + esr))                  # ADWIN not run: ESR alone
+  assert held is True and "adwin" not in text
+  assert study.verdict(rp.aggregate(study, opd))[0] is None
+
+
+def test_run_result_reads_the_window_and_the_probe_tokens(tmp_path):
+  (tmp_path / "summary.json").write_text(json.dumps({"before": {"eval/pass@1": 0.1}, "after": {"eval/pass@1": 0.3}}))
+  rows = [{"step": i, "reward_mean": 0.0, "generated_tokens": 100.0, "distill/window": w}
+          for i, w in enumerate([12.0, 12.0, 8.0, 8.0])]
+  rows[0].update({"distill/probe_tokens": 40.0}), rows[2].update({"distill/probe_tokens": 30.0})
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  got = rp.run_result(tmp_path)
+  assert (got["distill_window_mean"], got["distill_window_last"], got["probe_tokens"]) == (10.0, 8.0, 70.0)
+  assert got["generated_tokens"] == 400.0 and got["eval/pass@1 gain"] == pytest.approx(0.2)
+
+
 def test_tables_are_well_formed_and_report_missing_runs(tmp_path):
   study = rp.STUDIES["brorl"]
   runs = [_run(a, s, 0.4 + 0.01 * (i + s), rollouts=100.0 * (i + 1), wall_s=10.0)
@@ -185,11 +214,13 @@ def test_real_opd_distils_from_the_exported_grpo_teacher(tmp_path, monkeypatch):
   """`real_opd`: its arms read the teacher where the harness exports the `teacher` arm's run; the
   teacher is trained and exported once (again only when its run changes) and reported beside the table."""
   study = rp.REAL_STUDIES["real_opd"]
-  teacher, opd, esr = (rp._load_exp("real_opd", a, False) for a in ("teacher", "opd", "esr"))
-  assert (teacher.rollout.distill, opd.rollout.distill, esr.rollout.distill) == ("", "opd", "opd")
+  teacher, opd, esr, adwin = (rp._load_exp("real_opd", a, False) for a in ("teacher", "opd", "esr", "adwin"))
+  assert (teacher.rollout.distill, opd.rollout.distill, esr.rollout.distill, adwin.rollout.distill) == (
+      "", "opd", "opd", "opd")
   assert (opd.rollout.generator, esr.rollout.generator, esr.rollout.generator_kwargs) == ("sample", "esr", "window=12")
+  assert (adwin.rollout.generator, adwin.rollout.generator_kwargs) == ("adwin", "window=12,every=5")
   folder = rp.teacher_folder(study, False)
-  assert str(folder) == opd.rollout.teacher_path == esr.rollout.teacher_path
+  assert str(folder) == opd.rollout.teacher_path == esr.rollout.teacher_path == adwin.rollout.teacher_path
   assert rp.run_config("real_opd", "esr", 1)["rollout.teacher_path"] == str(folder)   # read without the folder
   assert rp.warm_start_overrides(study, False, {}, in_process=True) == []             # before the teacher exists
   monkeypatch.setattr(rp, "teacher_folder", lambda s, smoke: tmp_path / "teacher_hf")

@@ -214,4 +214,19 @@ def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
   return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=0), *padded)
 
 
-__all__ = ["RolloutBatch", "concat", "teacher_forced_rows"]
+#: Prompt lengths are padded up to one of these, so a new prompt length rarely compiles anew.
+DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+  """The smallest bucket >= length (length itself when there are no buckets)."""
+  if not buckets:
+    return length
+  for b in buckets:
+    if b >= length:
+      return b
+  raise ValueError(f"Prompt length {length} exceeds the largest prompt bucket {max(buckets)}; "
+                   "add a larger bucket to the prompt buckets (SamplingConfig.prompt_buckets) or truncate the prompt.")
+
+
+__all__ = ["DEFAULT_PROMPT_BUCKETS", "RolloutBatch", "bucket_length", "concat", "teacher_forced_rows"]

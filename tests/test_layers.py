@@ -61,3 +61,15 @@ def test_the_rollout_step_sits_below_training():
   the loop or its config: they take config sections and plain values."""
   for path in sorted((PKG / "rollout").glob("*.py")):
     assert "training" not in _package_imports(path), path.name
+
+
+def test_data_pads_prompts_without_importing_sampling():
+  """Tokenizers, TFDS builders and batching sit below GENERATE: the prompt buckets are on the bottom floor."""
+  for path in sorted((PKG / "data").glob("*.py")):
+    assert not _package_imports(path) & {"sampling", "rollout", "training", "control", "replay"}, path.name
+
+
+def test_sampling_imports_no_stage_above_it():
+  """GENERATE's primitives know the model, kernels and sharding, not CONTROL, FILTER, REPLAY or the loop."""
+  for path in sorted((PKG / "sampling").glob("*.py")):
+    assert not _package_imports(path) & {"control", "rewards", "replay", "rollout", "training", "data"}, path.name

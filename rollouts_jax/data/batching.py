@@ -18,7 +18,7 @@ import numpy as np
 from rollouts_jax.data import formatting
 # The one bucketing rule and bucket tuple: the sampler's, so a batch padded here has the shape
 # the sampler would pad it to.
-from rollouts_jax.sampling import DEFAULT_PROMPT_BUCKETS, bucket_length
+from rollouts_jax.types import DEFAULT_PROMPT_BUCKETS, bucket_length
 
 __all__ = ["DEFAULT_PROMPT_BUCKETS", "bucket_length", "pad_left", "pad_right", "PromptBatch",
            "make_prompt_batch"]

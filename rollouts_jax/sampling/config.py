@@ -12,8 +12,8 @@ import numpy as np
 
 from rollouts_jax.kernels import decode_attention
 from rollouts_jax.models import ModelConfig
-
-DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# The prompt-length buckets live on the bottom floor, so data/ pads prompts without importing sampling/.
+from rollouts_jax.types import DEFAULT_PROMPT_BUCKETS, bucket_length  # noqa: F401 - re-exported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,17 +177,6 @@ def process_logits(logits_RxV: jax.Array, config: SamplingConfig) -> jax.Array:
     cut = jnp.max(logp, axis=-1, keepdims=True) + jnp.log(config.min_p)
     logits = jnp.where(logp < cut, neg_inf, logits)
   return logits
-
-
-def bucket_length(length: int, buckets: Sequence[int]) -> int:
-  """The smallest bucket >= length (length itself when there are no buckets)."""
-  if not buckets:
-    return length
-  for b in buckets:
-    if b >= length:
-      return b
-  raise ValueError(f"Prompt length {length} exceeds the largest prompt bucket {max(buckets)}; "
-                   "add a larger bucket to SamplingConfig.prompt_buckets or truncate the prompt.")
 
 
 def left_pad_to(prompt_ids, prompt_mask, length: int, pad_id: int):

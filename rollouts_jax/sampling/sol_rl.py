@@ -35,7 +35,6 @@ from rollouts_jax import models
 from rollouts_jax.models import ModelConfig, Params
 from rollouts_jax.sampling.batch import teacher_forced_rows
 from rollouts_jax.sampling.config import SampleOutput, SamplingConfig, bucket_length, left_pad_to, process_logits
-from rollouts_jax.control.subset import MODES, select_subset  # noqa: F401  (moved to CONTROL)
 
 
 # ----------------------------------------------------------------------------- selection
@@ -172,4 +171,4 @@ def recompute_batch(cfg: ModelConfig, params: Params, batch, *, temperature: flo
   return batch.replace(old_logprobs=lp, entropy=ent), {"fp4_logprob_gap": gap}
 
 
-__all__ = ["MODES", "gather_samples", "recompute_batch", "recompute_logprobs", "select_subset"]
+__all__ = ["gather_samples", "recompute_batch", "recompute_logprobs"]

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollouts_jax import models, sampling
+from rollouts_jax.control.subset import select_subset
 from rollouts_jax.sampling import sol_rl
 
 CFG = models.ModelConfig(model_type="llama", vocab_size=40, hidden_size=32, intermediate_size=64,
@@ -22,25 +23,25 @@ PARAMS = jax.tree_util.tree_map(lambda x: x * 8 if x.ndim == 3 else x,
 def test_contrastive_picks_the_extremes():
   r = np.array([[0.1, 0.9, 0.5, 0.3, 0.7, 0.2],
                 [5.0, -1.0, 2.0, 3.0, 0.0, 4.0]])
-  idx = sol_rl.select_subset(r, 4)
+  idx = select_subset(r, 4)
   # best two (descending), then worst two (ascending)
   np.testing.assert_array_equal(idx, [[1, 4, 0, 5], [0, 5, 1, 4]])
   assert idx.dtype == np.int32
   # odd k: one extra worst
-  np.testing.assert_array_equal(sol_rl.select_subset(r, 3), [[1, 0, 5], [0, 1, 4]])
+  np.testing.assert_array_equal(select_subset(r, 3), [[1, 0, 5], [0, 1, 4]])
   # device input gives the same answer
-  np.testing.assert_array_equal(sol_rl.select_subset(jnp.asarray(r), 4), idx)
+  np.testing.assert_array_equal(select_subset(jnp.asarray(r), 4), idx)
 
 
 def test_contrastive_ties_are_deterministic_and_never_repeat():
   equal = np.zeros((1, 6))
-  np.testing.assert_array_equal(sol_rl.select_subset(equal, 4), [[0, 1, 2, 3]])
+  np.testing.assert_array_equal(select_subset(equal, 4), [[0, 1, 2, 3]])
   binary = np.array([[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]])
   # best: the two lowest-index 1s; worst: the lowest-index 0s among the rest
-  np.testing.assert_array_equal(sol_rl.select_subset(binary, 4), [[0, 1, 2, 3]])
-  np.testing.assert_array_equal(sol_rl.select_subset(binary, 5), [[0, 1, 2, 3, 5]])
+  np.testing.assert_array_equal(select_subset(binary, 4), [[0, 1, 2, 3]])
+  np.testing.assert_array_equal(select_subset(binary, 5), [[0, 1, 2, 3, 5]])
   # k == M takes everything once
-  np.testing.assert_array_equal(np.sort(sol_rl.select_subset(binary, 6)), [np.arange(6)])
+  np.testing.assert_array_equal(np.sort(select_subset(binary, 6)), [np.arange(6)])
 
 
 @settings(max_examples=60, deadline=None)
@@ -50,7 +51,7 @@ def test_contrastive_halves_bound_the_rest(rewards, k):
   r = np.asarray(rewards, float)[None]
   M = r.shape[1]
   k = min(k, M)
-  idx = sol_rl.select_subset(r, k)[0]
+  idx = select_subset(r, k)[0]
   assert len(set(idx.tolist())) == k
   best, worst = r[0, idx[:k // 2]], r[0, idx[k // 2:]]
   rest = np.delete(r[0], idx)
@@ -58,37 +59,37 @@ def test_contrastive_halves_bound_the_rest(rewards, k):
     assert best.size == 0 or best.min() >= rest.max()
     assert worst.max() <= rest.min()
   assert np.all(np.diff(best) <= 0) and np.all(np.diff(worst) >= 0)
-  np.testing.assert_array_equal(sol_rl.select_subset(r, k)[0], idx)  # deterministic
+  np.testing.assert_array_equal(select_subset(r, k)[0], idx)  # deterministic
 
 
 def test_duplicate_completions_count_once():
   r = np.array([[1.0, 1.0, 0.8, 0.3, 0.0, 0.0]])
   ids = np.array([[[7, 2, 0], [7, 2, 0], [8, 2, 0], [9, 9, 2], [5, 2, 0], [5, 2, 0]]])
   # Without ids the two copies of each extreme fill the subset.
-  np.testing.assert_array_equal(sol_rl.select_subset(r, 4), [[0, 1, 4, 5]])
+  np.testing.assert_array_equal(select_subset(r, 4), [[0, 1, 4, 5]])
   # With ids the distinct completions {0, 2, 3, 4} come first.
-  np.testing.assert_array_equal(sol_rl.select_subset(r, 4, completion_ids=ids), [[0, 2, 4, 3]])
+  np.testing.assert_array_equal(select_subset(r, 4, completion_ids=ids), [[0, 2, 4, 3]])
   # Too few distinct completions: all of them, then repeats by the same rule.
   same = np.repeat(ids[:, :1], 6, axis=1)
-  np.testing.assert_array_equal(sol_rl.select_subset(r, 3, completion_ids=same), [[0, 1, 4]])
+  np.testing.assert_array_equal(select_subset(r, 3, completion_ids=same), [[0, 1, 4]])
   # deviation from the whole pool's mean (0.517), over the distinct completions
-  np.testing.assert_array_equal(sol_rl.select_subset(r, 2, mode="deviation", completion_ids=ids), [[4, 0]])
+  np.testing.assert_array_equal(select_subset(r, 2, mode="deviation", completion_ids=ids), [[4, 0]])
 
 
 def test_deviation_picks_the_farthest_from_the_mean():
   r = np.array([[0.0, 0.5, 1.0, 0.5, 0.4]])  # mean 0.48: |dev| = .48 .02 .52 .02 .08
-  np.testing.assert_array_equal(sol_rl.select_subset(r, 2, mode="deviation"), [[2, 0]])
-  np.testing.assert_array_equal(sol_rl.select_subset(r, 3, mode="deviation"), [[2, 0, 4]])
+  np.testing.assert_array_equal(select_subset(r, 2, mode="deviation"), [[2, 0]])
+  np.testing.assert_array_equal(select_subset(r, 3, mode="deviation"), [[2, 0, 4]])
 
 
 def test_random_is_uniform_without_replacement_and_keyed():
   B, M, k = 400, 6, 2
   r = np.zeros((B, M))
   key = jax.random.key(0)
-  idx = sol_rl.select_subset(r, k, mode="random", key=key)
+  idx = select_subset(r, k, mode="random", key=key)
   assert all(len(set(row)) == k for row in idx.tolist())
-  np.testing.assert_array_equal(idx, sol_rl.select_subset(r, k, mode="random", key=key))
-  assert not np.array_equal(idx, sol_rl.select_subset(r, k, mode="random", key=jax.random.key(1)))
+  np.testing.assert_array_equal(idx, select_subset(r, k, mode="random", key=key))
+  assert not np.array_equal(idx, select_subset(r, k, mode="random", key=jax.random.key(1)))
   counts = np.bincount(idx.ravel(), minlength=M)
   expected = B * k / M
   sd = np.sqrt(B * (k / M) * (1 - k / M))
@@ -98,19 +99,19 @@ def test_random_is_uniform_without_replacement_and_keyed():
 def test_selection_errors():
   r = np.zeros((2, 4))
   with pytest.raises(ValueError, match="k=5 .* M=4"):
-    sol_rl.select_subset(r, 5)
+    select_subset(r, 5)
   with pytest.raises(ValueError, match="k=0"):
-    sol_rl.select_subset(r, 0)
+    select_subset(r, 0)
   with pytest.raises(ValueError, match="mode"):
-    sol_rl.select_subset(r, 2, mode="best")
+    select_subset(r, 2, mode="best")
   with pytest.raises(ValueError, match="key"):
-    sol_rl.select_subset(r, 2, mode="random")
+    select_subset(r, 2, mode="random")
   with pytest.raises(ValueError, match="finite"):
-    sol_rl.select_subset(np.array([[0.0, np.nan]]), 1)
+    select_subset(np.array([[0.0, np.nan]]), 1)
   with pytest.raises(ValueError, match="completion_ids"):
-    sol_rl.select_subset(r, 2, completion_ids=np.zeros((2, 3, 5), np.int32))
+    select_subset(r, 2, completion_ids=np.zeros((2, 3, 5), np.int32))
   with pytest.raises(ValueError, match=r"\[B, M\]"):
-    sol_rl.select_subset(np.zeros(4), 2)
+    select_subset(np.zeros(4), 2)
 
 
 def test_gather_samples_slices_every_field():

@@ -232,8 +232,12 @@ class MetricsLogger:
       self._tb = _open_summary_writer(self.tb_dir, purge_step=int(step) + 1)
       self._tb.flush()
     if self._bar is not None:
-      # A run with no checkpoint truncates after step -1 (everything): the bar stays at 0.
-      self._bar.n = max(0, min(step, self._bar.total or step))
+      # The bar restarts here at the resumed step (0 when no checkpoint: truncation after -1): its
+      # clock and rate count from now, not from the logger's creation (an SFT warm start, the
+      # restore and the first compile happen in between).
+      done = max(0, min(step, self._bar.total or step))
+      self._bar.reset(total=self._bar.total)
+      self._bar.initial = self._bar.n = done
       self._bar.refresh()
 
   def log(self, step: int, metrics: Mapping[str, Any]) -> None:

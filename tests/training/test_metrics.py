@@ -167,6 +167,17 @@ def test_progress_bar_of_a_fresh_run_starts_at_zero_without_warnings(tmp_path, c
   assert "-1/4" not in err and "-100%" not in err and "4/4" in err
 
 
+def test_progress_bar_clock_starts_at_the_resumed_step(tmp_path):
+  """Time spent before the first RL step (an SFT warm start, the restore) is not charged to the steps."""
+  with metrics.MetricsLogger(tmp_path, tensorboard=False, total_steps=10) as log:
+    log._bar.start_t -= 3600.0                     # an hour of warm start since the logger opened
+    log.truncate_after(3)                          # resumed at step 3
+    assert log._bar.n == log._bar.initial == 3
+    assert log._bar.format_dict["elapsed"] < 60
+    log.log(4, {"reward_mean": 0.5})
+    assert log._bar.n == 4
+
+
 def test_smooth_matches_recurrence():
   x = np.array([4.0, 0.0, 2.0, 8.0])
   w = 0.6

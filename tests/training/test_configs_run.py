@@ -43,6 +43,9 @@ CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if "def get_con
 # calculator run (an SFT of the real model first) run with `-m slow`.
 REAL_MODEL_ARMS = {"smollm2_lora", "repro_real_base", "repro_real_mc_grpo", "repro_real_opd", "repro_real_sol_rl",
                    "repro_real_ttrl", "smollm2_calculator"}
+# Study arms whose method a default-suite config already drives through the loop (april_parity's
+# APRIL arm is countdown_april's generator on the miniature) also run with `-m slow`.
+STUDY_ARMS = {"april_parity"}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def shared_cache(tmp_path_factory):
   return tmp_path_factory.mktemp("cache")
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in REAL_MODEL_ARMS else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in REAL_MODEL_ARMS | STUDY_ARMS else n
                                   for n in CONFIGS])
 def test_smoke_config_runs_one_step(name, tmp_path, shared_cache, monkeypatch):
   """Every config's `smoke` variant, in its cheapest form: a warm start (or checkpoint), one RL step, eval.

@@ -12,14 +12,17 @@ output back as a `tool` message, rendered by the tokenizer's template once and a
 (zero loss), and the assistant turn reopens. A turn without a call ends the episode; its
 `<answer>` is graded (reward 1 / 0).
 
-As shipped the model almost never writes the format (32 test problems x 4 episodes at temperature
-1: tool use 0.03, accuracy 0.00), so GRPO alone has no reward to learn from. A short SFT of the
+As shipped the model almost never writes the format (100 test problems x 4 episodes at temperature
+1: tool use 0.02, accuracy 0.00), so GRPO alone has no reward to learn from. A short SFT of the
 shipped model (`sft.from_pretrained`, cached like the small models' warm starts) teaches the format
 on the task's targets: half of the problems call the calculator and copy its result into the answer,
 half answer directly (`multiply_tool`'s `tool_frac`); in the chat format the `tool` message of
 the target is untrained, as in an episode. GRPO on the trajectory rewards then decides how often
 to call the tool. `env/tool_use_frac` and `env/accuracy` are logged per step; the held-out
 before/after of whole episodes is `multiturn_eval` ("before" is the SFT warm start).
+
+Seed 0, the same 400 held-out episodes (README, `experiments/studies/results/smollm2_calculator.json`):
+SFT warm start tool use 0.265, accuracy 0.533; after 40 GRPO steps tool use 1.000, accuracy 1.000.
 """
 
 import os

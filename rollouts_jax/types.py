@@ -1,4 +1,5 @@
-"""The bottom floor: `RolloutBatch`, the one typed batch that travels from every generator through every stage.
+"""The bottom floor: `RolloutBatch`, the one typed batch that travels from every generator through every stage,
+and the prompt-length buckets (`bucket_length`) that `data/` and `sampling/` both pad to.
 
 B groups (one prompt each), N samples per group, prompt length P, T completion tokens. A
 generator fills the prompt, completion, behaviour log-probs and policy version; FILTER

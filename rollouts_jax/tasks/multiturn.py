@@ -43,16 +43,14 @@ class MultiplyTool(base.Arithmetic):
 
   def uses_tool(self, example) -> bool:
     """Whether the example's SFT target calls the calculator (a fixed `tool_frac` share of problems)."""
-    key = f"{int(example['a'])}{example.get('op', '*')}{int(example['b'])}".encode()
-    return (zlib.crc32(key) % 1000) < 1000 * self.tool_frac
+    return (zlib.crc32(_expression(example).encode()) % 1000) < 1000 * self.tool_frac
 
   def completion(self, example):
     answer = str(example["answer"])
     if not self.uses_tool(example):
-      return f"<answer>{answer}</answer>"
-    expr = f"{int(example['a'])}{example.get('op', '*')}{int(example['b'])}"
-    return (f"{calculator_env.TOOL_OPEN}{expr}{calculator_env.TOOL_CLOSE}"
-            f"{calculator_env.RESULT_OPEN}{answer}{calculator_env.RESULT_CLOSE}<answer>{answer}</answer>")
+      return _answer_tag(answer)
+    return (f"{_tool_call(example)}{calculator_env.RESULT_OPEN}{answer}{calculator_env.RESULT_CLOSE}"
+            f"{_answer_tag(answer)}")
 
   def completion_segments(self, example, tokenizer, template="plain"):
     """In the chat format: the call (trained), the calculator's `tool` message as the episode renders it
@@ -62,10 +60,21 @@ class MultiplyTool(base.Arithmetic):
       return [(self.completion(example), True)]
     from rollouts_jax.envs import base as env_base  # pylint: disable=g-import-not-at-top
     answer = str(example["answer"])
-    expr = f"{int(example['a'])}{example.get('op', '*')}{int(example['b'])}"
     observation = env_base.ChatRenderer(tokenizer).observation(answer, ended_with_eos=False)
-    return [(f"{calculator_env.TOOL_OPEN}{expr}{calculator_env.TOOL_CLOSE}", True), (observation, False),
-            (f"<answer>{answer}</answer>", True)]
+    return [(_tool_call(example), True), (observation, False), (_answer_tag(answer), True)]
+
+
+def _expression(example) -> str:
+  """The problem as the calculator reads it, e.g. "47*28"."""
+  return f"{int(example['a'])}{example.get('op', '*')}{int(example['b'])}"
+
+
+def _tool_call(example) -> str:
+  return f"{calculator_env.TOOL_OPEN}{_expression(example)}{calculator_env.TOOL_CLOSE}"
+
+
+def _answer_tag(answer: str) -> str:
+  return f"<answer>{answer}</answer>"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -123,10 +123,10 @@ def warm_start(task: tasks.Task, train_examples: Sequence[dict], *, data: DataCo
   if built:
     return built["cfg"], built["params"], built["tokenizer"], folder
   cfg, params = models.load_hf_checkpoint(folder, dtype=dtype)
-  cfg = cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype)
   if sft.from_pretrained:   # the pretrained model's own tokenizer (a GGUF file's, an HF folder's)
-    tokenizer = make_tokenizer(tok, m)
-    return fit_vocabulary(cfg, tokenizer), params, tokenizer, folder
+    cfg, tokenizer = _with_tokenizer(cfg, m, tok)
+    return cfg, params, tokenizer, folder
+  cfg = cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype)
   return cfg, params, data_lib.load_tokenizer(folder / "tokenizer.json"), folder
 
 
@@ -137,9 +137,15 @@ def _pretrained(m: ModelSectionConfig, tok: TokenizerConfig):
     cfg, params = models.load_hf_checkpoint(m.path, dtype=dtype)
   else:
     cfg, params = models.load_gguf(gguf.resolve_path(m.path), dtype=dtype)
+  cfg, tokenizer = _with_tokenizer(cfg, m, tok)
+  return cfg, params, tokenizer
+
+
+def _with_tokenizer(cfg: models.ModelConfig, m: ModelSectionConfig, tok: TokenizerConfig):
+  """A pretrained model's loaded config with the run's model.* settings, fitted to its configured tokenizer."""
   tokenizer = make_tokenizer(tok, m)
   cfg = cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype, activation_dtype=m.activation_dtype)
-  return fit_vocabulary(cfg, tokenizer), params, tokenizer
+  return fit_vocabulary(cfg, tokenizer), tokenizer
 
 
 def load_policy(task: tasks.Task, train_examples: Sequence[dict], *, data: DataConfig, tok: TokenizerConfig,

@@ -19,12 +19,12 @@ from rollouts_jax.training.config import apply_smoke, load_config_file, parse_co
 
 
 def _sync(config):
-  config.rollout.partial_rollouts = False
+  config.rollout.generator = "sample"
 
 
 def _april(config):
-  config.rollout.partial_rollouts = True
-  config.rollout.over_provision = 0.5
+  config.rollout.generator = "april"
+  config.rollout.generator_kwargs = "over_provision=0.5"
   config.rl.tis_cap = 2.0
 
 

@@ -18,7 +18,7 @@ from rollouts_jax.training.config import load_config_file
 def get_config(arg=None):
   config = load_config_file(os.path.join(os.path.dirname(__file__), "countdown_grpo.py"), arg)
   config.control.dynamic_sampling = False   # APRIL stops on finished groups, not informative ones
-  config.rollout.partial_rollouts = True
-  config.rollout.over_provision = 0.5
+  config.rollout.generator = "april"
+  config.rollout.generator_kwargs = "over_provision=0.5"
   config.rl.tis_cap = 2.0
   return config

@@ -4,7 +4,7 @@ Both sides run the real rollout pipeline (`loop.build_pipeline`) of one config o
 policy (the config's warm start), alternating step by step in one process:
 
 * synchronous: every step samples B prompts x N and waits for the longest rollout;
-* APRIL (`rollout.partial_rollouts`): every step requests ceil(B * (1 + over_provision))
+* APRIL (`rollout.generator="april"`): every step requests ceil(B * (1 + over_provision))
   groups (stored unfinished groups first), stops once B groups have finished and stores the
   rest for the next step.
 
@@ -44,8 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
 timing.define_flags(os.path.join(HERE, "results", "bench_april.json"), names=("max_load", "allow_busy"))
 flags.DEFINE_string("config", os.path.join(HERE, "..", "..", "configs", "countdown_april.py"),
-                    "A config; the APRIL side turns rollout.partial_rollouts on, the synchronous side off.")
-flags.DEFINE_float("over_provision", 0.0, "APRIL's over-provisioning (0: the config's rollout.over_provision).")
+                    "A config; the APRIL side runs rollout.generator='april', the synchronous side 'sample'.")
+flags.DEFINE_float("over_provision", 0.0, "APRIL's over-provisioning (0: the config's, in rollout.generator_kwargs).")
 flags.DEFINE_integer("steps", 8, "Timed steps per side.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per side first (compilation, the APRIL store filling up).")
 flags.DEFINE_integer("cont_reps", 5, "Timed calls per continuation formulation (0: skip that part).")
@@ -89,10 +89,9 @@ def continuation(pipe, state, cfg, params, reps: int, key) -> dict:
   from rollouts_jax.types import RolloutBatch  # pylint: disable=g-import-not-at-top
   conf, N, B = pipe.sampling_config, pipe.num_samples, pipe.batch_size
   T = conf.max_new_tokens
-  got, _ = pipe.partial.sample(state.partial, None, pipe.partial_requests)
-  got = jax.device_get(got)
-  resumed = got.take(np.flatnonzero(np.asarray(got.prompt_index) >= 0))
-  n_new = pipe.partial_requests - resumed.prompt_ids.shape[0]
+  store = jax.device_get(state.generator)   # APRIL's store: the groups it resumes first
+  resumed = store.data.take(np.flatnonzero(np.asarray(store.valid)))
+  n_new = pipe.generator.wants(state.generator)
   P = resumed.prompt_ids.shape[1]
   ids, mask = pipe.prompter(pipe.examples[:n_new])
   ids, mask = sampling.left_pad_to(np.asarray(ids), np.asarray(mask), P, conf.pad_id)
@@ -138,11 +137,16 @@ def run(config_path: str, steps: int, warmup: int, over_provision: float = 0.0, 
 
   exp = config_lib.load_config_file(config_path)
   exp = config_lib.from_config_dict(exp) if not isinstance(exp, config_lib.ExperimentConfig) else exp
+  kwargs = (config_lib.parse_kwargs(exp.rollout.generator_kwargs, "rollout.generator_kwargs")
+            if exp.rollout.generator == "april" else {})
+  if over_provision:
+    kwargs["over_provision"] = over_provision
   exp = dataclasses.replace(exp, rollout=dataclasses.replace(
-      exp.rollout, partial_rollouts=True, over_provision=over_provision or exp.rollout.over_provision),
+      exp.rollout, generator="april", generator_kwargs=",".join(f"{k}={v}" for k, v in kwargs.items())),
       control=dataclasses.replace(exp.control, dynamic_sampling=False))
   config_lib.validate(exp)
-  sync_exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, partial_rollouts=False))
+  sync_exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, generator="sample",
+                                                                  generator_kwargs=""))
   train_examples, _ = loop.load_task(exp)
   cfg, params, tok = loop.load_policy(exp, train_examples)
   sides = {"sync": loop.build_pipeline(sync_exp, cfg, tok, train_examples),
@@ -166,13 +170,14 @@ def run(config_path: str, steps: int, warmup: int, over_provision: float = 0.0, 
                               off_policy=info.get("april/off_policy_token_frac", 0.0)))
   med = lambda name, k: statistics.median(r[k] for r in rec[name])
   out = {"config": os.path.basename(config_path), "B": exp.control.prompts_per_step, "N": exp.rollout.num_samples,
-         "max_new_tokens": exp.rollout.max_new_tokens, "over_provision": exp.rollout.over_provision,
+         "max_new_tokens": exp.rollout.max_new_tokens,
+         "april_kwargs": exp.rollout.generator_kwargs,
          "steps": steps, "warmup": warmup, "per_step": rec}
   for name in sides:
     out[name] = {k: med(name, k) for k in ("wall", "sample", "padding", "tokens", "groups", "reward")}
   out["rollout_time_ratio_sync_over_april"] = out["sync"]["sample"] / out["april"]["sample"]
   out["step_time_ratio_sync_over_april"] = out["sync"]["wall"] / out["april"]["wall"]
-  april_state = jax.device_get(states["april"].partial)
+  april_state = jax.device_get(states["april"].generator)
   out["april_accounting"] = {  # over every step, warm-up included: started = used + stored
       "groups_started": started, "groups_used": used,
       "groups_in_store_at_end": int(np.asarray(april_state.valid).sum()),

@@ -21,7 +21,7 @@ from rollouts_jax.replay.partial import partial_rollouts
 from rollouts_jax.replay.prioritized import group_usefulness, prioritized
 
 #: name -> buffer factory `(capacity, example, *, max_staleness) -> RolloutBuffer`.
-#: (`partial_rollouts` is not here: it is APRIL's store, enabled by `rollout.partial_rollouts`.)
+#: (`partial_rollouts` is not here: it is APRIL's store, held by the `april` generator.)
 REGISTRY: dict[str, Callable[..., RolloutBuffer]] = {"fifo": fifo, "prioritized": prioritized}
 
 

@@ -10,7 +10,7 @@ Each generator is one module here, registered by name (`generators.register`):
 
 >>> from rollouts_jax import rollout
 >>> rollout.names()
-['sample', 'adwin', 'arrol', 'esr', 'multiturn', 'self_spec', 'sol_rl', 'spec_rl', 'tree']
+['sample', 'adwin', 'april', 'arrol', 'esr', 'multiturn', 'self_spec', 'sol_rl', 'spec_rl', 'tree']
 """
 
 from rollouts_jax.rollout import generators
@@ -19,7 +19,7 @@ from rollouts_jax.rollout.generators import (Generator, GeneratorContext, Mean, 
 from rollouts_jax.rollout.pipeline import STALL_REFILLS, PipelineState, RolloutPipeline
 from rollouts_jax.rollout.stats import StepStats, loss_extent
 # The registered generators (each module registers itself on import).
-from rollouts_jax.rollout import arrol, multiturn, opd_window, sample, self_spec, sol_rl, spec_rl, tree  # noqa: F401  pylint: disable=unused-import
+from rollouts_jax.rollout import arrol, multiturn, opd_window, partial, sample, self_spec, sol_rl, spec_rl, tree  # noqa: F401  pylint: disable=unused-import
 
 __all__ = ["STALL_REFILLS", "PipelineState", "RolloutPipeline", "StepStats", "loss_extent",
            "Generator", "GeneratorContext", "Mean", "Prompts", "build", "check", "check_kwargs", "generators", "get",

@@ -21,12 +21,17 @@ samples until then) and set fields the update reads (`old_logprobs`, `token_adva
 which it lists in `fields`. `update` sees the final groups (rewards set, budget applied to
 `sample_mask`) and returns the next state; it accepts and ignores extras by keyword.
 
+A generator that chooses its own groups has `wants`: `wants(state)` is how many fresh prompts
+the step's selector picks for it (APRIL: its requests less the unfinished groups it stored),
+and its batch holds whichever groups it finished, stored or fresh, each named by its
+`prompt_index`; FILTER scores them and the selector learns from them as from its own plan.
+
 A config chooses one by name (`rollout.generator`, settings in `rollout.generator_kwargs`).
 A new one is a module with a factory under `@generators.register("name")` (imported by
 `rollouts_jax.rollout`, or by the code that runs the experiment); nothing else changes:
 
 >>> from rollouts_jax.rollout import generators
->>> {"sample", "spec_rl", "self_spec", "tree", "sol_rl", "arrol", "esr", "adwin"} <= set(generators.names())
+>>> {"sample", "spec_rl", "self_spec", "tree", "sol_rl", "arrol", "esr", "adwin", "april"} <= set(generators.names())
 True
 >>> generators.check_kwargs("spec_rl", {"lenient": 2.0})
 Traceback (most recent call last):
@@ -67,6 +72,8 @@ class GeneratorContext:
     tokenizer: the policy's tokenizer (None under `check`), for generators that read or write
       text between decoding steps (multi-turn observations).
     examples: the prompt pool's examples (`Prompts.index` indexes them; None under `check`).
+    prompt_len: the width every prompt of the pool fits in (its length bucket), for generators
+      that store groups across steps.
   """
   cfg: models.ModelConfig
   sampling: sampling.SamplingConfig
@@ -77,6 +84,7 @@ class GeneratorContext:
   env: Any = None
   tokenizer: Any = None
   examples: Any = None
+  prompt_len: int = 0
 
 
 @flax.struct.dataclass
@@ -115,6 +123,9 @@ class Generator(NamedTuple):
       "old_logprobs"), so a replay buffer stores them too.
     scores: its batches come with their rewards set (an environment's, multi-turn rollouts), so
       FILTER does not score their text.
+    wants: None (it generates the B prompts it is given), or `state -> int`: the fresh prompts
+      (at least one) the step selects for it; its batch then holds the groups it chose
+      (`prompt_index`).
   """
   init: Callable[[], Any]
   generate: Callable[..., tuple[sampling.RolloutBatch, Any, dict[str, float]]]
@@ -122,6 +133,7 @@ class Generator(NamedTuple):
   finish: Callable[..., tuple[sampling.RolloutBatch, Any, dict[str, float]]] | None = None
   fields: tuple[str, ...] = ()
   scores: bool = False
+  wants: Callable[[Any], int] | None = None
 
 
 class Mean(float):

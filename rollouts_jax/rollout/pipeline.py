@@ -1,15 +1,16 @@
 """The rollout step: select -> generate -> score -> filter -> replay -> extras, from built stages.
 
 `RolloutPipeline` is built once by `training.build` from the config's sections and holds no
-hidden state: the selector's statistics, the replay buffer, PVPO's reference table, APRIL's
-store and the generator's state live in a `PipelineState` pytree the loop checkpoints, so a
-killed run resumes bitwise. `collect` is one step: (1) REPLAY's stored groups first; (2)
-CONTROL selects B prompts and budgets, GENERATE decodes them (`rollout.generators`; a
+hidden state: the selector's statistics, the replay buffer, PVPO's reference table and the
+generator's state (APRIL's store, SPEC-RL's drafts ...) live in a `PipelineState` pytree the
+loop checkpoints, so a killed run resumes bitwise. `collect` is one step: (1) REPLAY's stored
+groups first; (2) CONTROL selects B prompts and budgets (or as many fresh prompts as a
+generator that picks its own groups `wants`), GENERATE decodes them (`rollout.generators`; a
 two-phase selector sees the first phase scored), FILTER scores them (`rollout.filter`), the
 generator finishes and learns, the selector learns; dynamic sampling repeats this until B
-groups are informative (APRIL, `rollout.partial`, replaces it with one early-stopped
-generation); (3) the group filter keeps B, the surplus goes to REPLAY (`rollout.groups`);
-(4) side steps set what the update reads (`rollout.extras`, `rollout.reference`).
+groups are informative; (3) the group filter keeps B, the surplus goes to REPLAY
+(`rollout.groups`); (4) side steps set what the update reads (`rollout.extras`,
+`rollout.reference`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import jax
 import numpy as np
 
 from rollouts_jax import control, models, replay, rewards, sampling
-from rollouts_jax.rollout import extras, generators, groups, partial as partial_lib, reference
+from rollouts_jax.rollout import extras, generators, groups, reference
 from rollouts_jax.rollout.filter import Filter
 from rollouts_jax.rollout.prompter import Prompter
 from rollouts_jax.rollout.stats import StepStats, batch_summary, mean_entropy, padding_frac, update_width
@@ -38,7 +39,6 @@ class PipelineState:
   control: Any
   replay: Any = None
   ref: Any = None
-  partial: Any = None
   generator: Any = None
 
 
@@ -51,8 +51,8 @@ class RolloutPipeline:
   B groups are informative (`rollout.groups.Refills`); `teacher_params` / `teacher_cfg` are
   distillation's teacher or ERILS's external policy (`teacher_cfg` None: the student's); `env` a
   multi-turn environment, whose generator sets the rewards itself (`Generator.scores`: FILTER
-  skipped). `buffer` (REPLAY) and `partial` (APRIL's store) are set by the builder once the
-  generator's batch shape is known; None: not configured.
+  skipped). `buffer` (REPLAY) is set by the builder once the generator's batch shape is known;
+  None: not configured.
   """
   cfg: models.ModelConfig
   prompter: Prompter
@@ -71,7 +71,6 @@ class RolloutPipeline:
   presample: bool
   overlong_buffer: int
   max_failure_frac: float
-  partial_requests: int
   external_samples: int
   distill: str
   generator_name: str
@@ -82,7 +81,6 @@ class RolloutPipeline:
   env: Any = None
   generator: Optional[generators.Generator] = None
   buffer: Optional[replay.RolloutBuffer] = None
-  partial: Optional[replay.RolloutBuffer] = None
 
   def __post_init__(self):
     self.filter = Filter(self.cfg, self.prompter, self.scorer, self.sampling_config, self.overlong_buffer,
@@ -102,12 +100,12 @@ class RolloutPipeline:
     return generators.GeneratorContext(
         cfg=self.cfg, sampling=self.sampling_config, num_prompts=len(self.examples), seed=self.seed,
         batch_size=self.batch_size, teacher=self.teacher if self.distill else None, env=self.env,
-        tokenizer=self.prompter.tokenizer, examples=self.examples)
+        tokenizer=self.prompter.tokenizer, examples=self.examples,
+        prompt_len=sampling.bucket_length(self.prompter.max_prompt_len, self.prompter.buckets))
 
   def init_state(self) -> PipelineState:
     return PipelineState(control=self.selector.init(), replay=self.buffer.init() if self.buffer else None,
-                         ref=self.reference.init() if self.reference else None,
-                         partial=self.partial.init() if self.partial else None, generator=self.generator.init())
+                         ref=self.reference.init() if self.reference else None, generator=self.generator.init())
 
   def buffer_example(self) -> RolloutBatch:
     """The group shape stored in the replay buffer (`rollout.groups.buffer_example`)."""
@@ -136,27 +134,21 @@ class RolloutPipeline:
       live = np.flatnonzero(np.any(got.sample_mask, axis=1))
       parts += [got.take(live)] if live.size else []
       stats.add("replay/used", float(live.size))
-    ctl, ref, pstate, gstate, refill = state.control, state.ref, state.partial, state.generator, 0
-    if self.partial is not None:   # 2. APRIL: one over-provisioned, early-stopped generation
-      part, plan, ctl, pstate = partial_lib.generate_partial(self, params, ctl, pstate, version, key, stats)
-      ctl = self._learn(ctl, plan, part, {})
+    ctl, ref, gstate, refill = state.control, state.ref, state.generator, 0
+    refills = groups.Refills(B, self.max_refills)
+    while True:   # 2. select -> generate -> score, refilled by dynamic sampling
+      plan, ctl = self._select(ctl, gstate, jax.random.fold_in(key, 100 + refill), params, stats)
+      part, gstate, plan, ctl = self._generate(params, plan, jax.random.fold_in(key, refill), stats, gstate,
+                                               ref_params, version, ctl)
+      n, extra = len(np.asarray(plan.indices)), {}   # (a second view's groups follow the first n)
+      if self.reference:   # the plan's reference rewards (cached), for the selector too
+        got, ref = self.reference.attach(part, ref, ref_params, step, jax.random.fold_in(key, 200 + refill), stats)
+        extra = dict(ref_rewards_BxM=got.ref_rewards[:n], ref_mask_BxM=got.ref_mask[:n])
+      ctl = self._learn(ctl, plan, part.take(np.arange(n)) if n < part.prompt_ids.shape[0] else part, extra)
       parts.append(part)
-    else:                          # 2. select -> generate -> score, refilled by dynamic sampling
-      refills = groups.Refills(B, self.max_refills)
-      while True:
-        plan, ctl = self.selector.select(ctl, jax.random.fold_in(key, 100 + refill), B, **self._select_extras(params,
-                                                                                                             stats))
-        part, gstate, plan, ctl = self._generate(params, plan, jax.random.fold_in(key, refill), stats, gstate,
-                                                 ref_params, version, ctl)
-        n, extra = len(np.asarray(plan.indices)), {}   # (a second view's groups follow the first n)
-        if self.reference:   # the plan's reference rewards (cached), for the selector too
-          got, ref = self.reference.attach(part, ref, ref_params, step, jax.random.fold_in(key, 200 + refill), stats)
-          extra = dict(ref_rewards_BxM=got.ref_rewards[:n], ref_mask_BxM=got.ref_mask[:n])
-        ctl = self._learn(ctl, plan, part.take(np.arange(n)) if n < part.prompt_ids.shape[0] else part, extra)
-        parts.append(part)
-        if not self.dynamic_sampling or refills.done(part, refill, step, stats):
-          break
-        refill += 1
+      if not self.dynamic_sampling or refills.done(part, refill, step, stats):
+        break
+      refill += 1
     sampled = parts[0] if len(parts) == 1 else sampling.concat(parts)
     batch, buf = groups.keep(sampled, self.batch_size, self.dynamic_sampling, self.buffer, buf,   # 3. filter; REPLAY
                              self.buffer_example, stats)
@@ -168,7 +160,12 @@ class RolloutPipeline:
     batch = batch.trim(update_width(batch))
     info = {**stats.summary(), **batch_summary(batch, sampled), "refills": float(refill),
             "replay/used": stats.get("replay/used"), "rollouts": stats.get("rollouts")}
-    return batch, PipelineState(control=ctl, replay=buf, ref=ref, partial=pstate, generator=gstate), info
+    return batch, PipelineState(control=ctl, replay=buf, ref=ref, generator=gstate), info
+
+  def _select(self, ctl, gstate, key: jax.Array, params, stats: StepStats):
+    """CONTROL's plan: B prompts, or the fresh prompts a generator that picks its own groups wants."""
+    wants = self.batch_size if self.generator.wants is None else self.generator.wants(gstate)
+    return self.selector.select(ctl, key, wants, **self._select_extras(params, stats))
 
   def _learn(self, ctl, plan: control.Plan, part: RolloutBatch, extra: dict):
     """The selector learns from a plan's generated groups."""
@@ -186,6 +183,7 @@ class RolloutPipeline:
     prompts = generators.Prompts(ids=np.asarray(ids, np.int32), mask=np.asarray(mask, bool),
                                  index=idx.astype(np.int32), budget=np.asarray(plan.budget, np.int32))
     batch, gstate, counts = self._decode(gstate, params, prompts, key, version, stats)
+    budget = float(np.asarray(plan.budget).sum())   # the rollouts the selector asked for
     if self.selector.refine is not None:   # the selector's second phase, from the first one's rewards
       first, _ = self.filter(batch, examples, StepStats())
       refined, ctl = self.selector.refine(ctl, plan, first, plan.sample_mask(N))
@@ -194,9 +192,13 @@ class RolloutPipeline:
         added, gstate, c2 = self._decode(gstate, params, prompts.replace(budget=more.astype(np.int32)),
                                          jax.random.fold_in(key, 3), version, stats)
         batch = batch.extend_groups(added, plan.budget, more)
-        counts = [None if a is None or b is None else a + b for a, b in zip(counts, c2)]
+        counts = {k: None if v is None or c2[k] is None else v + c2[k] for k, v in counts.items()}
         stats.add("control/phase2_rollouts", float(more.sum()))
-      plan = refined
+      plan, budget = refined, float(np.asarray(refined.budget).sum())
+    elif self.generator.wants is not None:   # it chose its groups (stored or fresh): they are the plan
+      idx = np.asarray(batch.prompt_index)
+      examples = [self.examples[int(i)] for i in idx]
+      plan = control.Plan(indices=idx, budget=np.asarray(batch.sample_mask).sum(1).astype(np.int32))
     stats.add("time/sample", time.perf_counter() - t0)
     second = None
     if self.scorer.needs_second_view:   # Co-Reward: the rewritten prompts, sampled
@@ -204,9 +206,12 @@ class RolloutPipeline:
     r, info = ((np.asarray(batch.rewards, np.float32), {}) if self.generator.scores else
                self.filter(batch, examples, stats, second_view=second, anchor_params=anchor))
     batch = batch.replace(rewards=r)
-    stats.add("rollouts", float(N * len(idx)) if counts[1] is None else counts[1])
-    stats.add("generated_tokens", float(np.asarray(batch.lengths).sum()) if counts[0] is None else counts[0])
-    stats.add("rollout/padding_frac", padding_frac(np.asarray(batch.lengths).ravel()))
+    lengths = np.asarray(batch.lengths)
+    stats.add("rollouts", float(N * len(idx)) if counts["rollouts"] is None else counts["rollouts"])
+    stats.add("generated_tokens", float(lengths.sum()) if counts["generated_tokens"] is None
+              else counts["generated_tokens"])
+    stats.add("rollout/padding_frac", padding_frac(lengths.ravel()) if counts["rollout/padding_frac"] is None
+              else counts["rollout/padding_frac"])
     if self.generator.finish is not None:
       batch, gstate, fstats = self.generator.finish(gstate, params, batch, key, version=version)
       stats.add_all(fstats)
@@ -221,16 +226,17 @@ class RolloutPipeline:
       stats.add("rollouts", float(N * len(idx)))
       stats.add("generated_tokens", float(np.asarray(second.lengths).sum()))
       batch, mask = sampling.concat([batch, second.replace(rewards=info["second_view_rewards"])]), np.tile(mask, (2, 1))
-    stats.add("rollouts_budget", float(np.asarray(plan.budget).sum()))
+    stats.add("rollouts_budget", budget)
     batch = batch.replace(sample_mask=batch.sample_mask & mask)
     first = batch if batch.prompt_ids.shape[0] == len(idx) else batch.take(np.arange(len(idx)))
     return batch, self.generator.update(gstate, first, version=version), plan, ctl
 
   def _decode(self, gstate, params, prompts, key, version, stats):
-    """The generator's batch and state, and its (decoded tokens, started rollouts) counts (None: count the batch)."""
+    """The generator's batch and state, and the counts it makes itself (decoded tokens, started rollouts, the
+    decode loop's padding; None: the pipeline counts them from the batch)."""
     batch, gstate, gstats = self.generator.generate(gstate, params, prompts, key, version=version)
     gstats = dict(gstats)
-    counts = (gstats.pop("generated_tokens", None), gstats.pop("rollouts", None))
+    counts = {k: gstats.pop(k, None) for k in ("generated_tokens", "rollouts", "rollout/padding_frac")}
     stats.add_all(gstats)
     return batch, gstate, counts
 

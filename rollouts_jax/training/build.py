@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Sequence
 
 import jax
@@ -111,11 +110,8 @@ def build_pipeline(exp: ExperimentConfig, cfg, tokenizer, train_examples) -> Rol
       needs_seq_logprobs=exp.rl.advantage == "xrpo", ref_samples=rw.ref_samples, ref_refresh=rw.ref_refresh,
       presample=c.name == "pvpo", overlong_buffer=rw.overlong_buffer, max_failure_frac=rw.max_failure_frac,
       teacher_cfg=teacher_cfg, teacher_params=teacher_params, external_samples=ro.external_samples,
-      distill=ro.distill, env=env_settings(ro), seed=exp.seed,
-      partial_requests=math.ceil(c.prompts_per_step * (1 + ro.over_provision)) if ro.partial_rollouts else 0)
+      distill=ro.distill, env=env_settings(ro), seed=exp.seed)
   factory = replay.get(rp.name)
   if factory is not None:
     pipe.buffer = factory(rp.capacity, pipe.buffer_example(), max_staleness=rp.max_staleness)
-  if ro.partial_rollouts:  # APRIL
-    pipe.partial = replay.partial_rollouts(pipe.partial_requests, pipe.buffer_example())
   return pipe

@@ -26,14 +26,14 @@ ranges, which of its own modes combine), then the rules between sections, `CROSS
   `_environment`         rollout.env and reward.name / overlong_buffer; rollout.turn_credit and rl.echo_shaping
   `_generator_settings`  rollout.generator_kwargs' values and control.prompts_per_step
   `_external_samples`    rollout.external_samples and rl.advantage='erils', rl.tis_cap, replay.name, reward.name
-  `_cat_reward`          reward term 'cat' and rollout.partial_rollouts / external_samples
+  `_cat_reward`          reward term 'cat' and rollout.generator='april', rollout.external_samples
   `_distill_kl`          rl.distill_kl and rollout.distill
   `_distill`             rollout.distill and replay.name, control.dynamic_sampling, reward.name
   `_generator_paths`     rollout.generator and reward.name (co_reward), replay.name
-  `_partial_rollouts`    rollout.partial_rollouts and control.dynamic_sampling, reward.name
+  `_april`               rollout.generator='april' and control.dynamic_sampling
   `_task_reward`         data.task's splits / rewrites and reward.name, model.init
   `_overlong_buffer`     reward.overlong_buffer and rollout.max_new_tokens
-  `_selector`            control.* and reward.ref_samples, rollout.num_samples / generator / partial_rollouts
+  `_selector`            control.* and reward.ref_samples, rollout.num_samples / generator
   `_replay_capacity`     replay.capacity and control.prompts_per_step
   `_kl_horizon`          rl.kl_horizon and control.prompts_per_step x rollout.num_samples
   `_echo_tree`           rl.echo_clip / echo_shaping and rollout.generator='tree'
@@ -41,7 +41,7 @@ ranges, which of its own modes combine), then the rules between sections, `CROSS
   `_critic`              rl.advantage='gae' and rollout.generator / turn_credit / distill
   `_uniqueness_clusters` rl.advantage='uniqueness*', reward.clusters and data.task
   `_reference_rewards`   rl.advantage (reference_anchor, pvpo) and reward.ref_samples
-  `_async_old_logprobs`  async_rl.* and rl.tis_cap, rollout.generator / external_samples / partial_rollouts, replay.name
+  `_async_old_logprobs`  async_rl.* and rl.tis_cap, rollout.generator / external_samples, replay.name
 """
 
 from __future__ import annotations
@@ -182,11 +182,6 @@ class RolloutConfig:
   top_k: int = 0
   top_p: float = 1.0
   sample_chunk: int = 0         # samples per prompt decoded at once (0: the sampler's default)
-  # APRIL partial rollouts: request ceil(prompts_per_step * (1 + over_provision)) groups (stored
-  # unfinished ones first), stop decoding once prompts_per_step groups have finished, and resume
-  # the others in later steps under the newer policy (rl.tis_cap corrects their staleness).
-  partial_rollouts: bool = False
-  over_provision: float = 0.5
   # GENERATE's generator, by name (`rollouts_jax.rollout.names()`), with its settings in
   # generator_kwargs ("key=value,key=value"; each generator checks its own):
   #   "sample": plain sampling (no settings).
@@ -206,6 +201,10 @@ class RolloutConfig:
   #     prompt run "at" tokens; a quality head on the policy's hidden state keeps N of them (a
   #     "target" share of likely successes) and only those continue; random pruning until the
   #     head has seen "min_examples" outcomes.
+  #   "april": APRIL partial rollouts: request ceil(prompts_per_step * (1 + over_provision))
+  #     groups ("over_provision=0.5"; stored unfinished ones first), stop decoding once
+  #     prompts_per_step groups have finished, and resume the others in later steps under the
+  #     newer policy (rl.tis_cap corrects their staleness).
   #   "esr" / "adwin" (with rollout.distill): only the first "window" tokens are generated and
   #     trained; adwin adapts the window every "every" steps from a full-rollout probe (grown
   #     by "gamma" when the prefix's per-sequence signal is less aligned with the full
@@ -277,7 +276,7 @@ class RolloutConfig:
         raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
                          "rollout.external_samples (the external policy is the warm start trained that many SFT "
                          "steps, or a local checkpoint).")
-      _not_with("rollout.external_samples", (("rollout.partial_rollouts", self.partial_rollouts), other_generator))
+      _not_with("rollout.external_samples", (other_generator,))
     if self.teacher_path and not os.path.isfile(os.path.join(self.teacher_path, "config.json")):
       raise FileNotFoundError(f"rollout.teacher_path={self.teacher_path!r} has no config.json (a local folder in "
                               "Hugging Face layout; nothing is downloaded).")
@@ -286,14 +285,8 @@ class RolloutConfig:
         raise ValueError("Config key rollout.teacher_sft_steps must be > 0 (or rollout.teacher_path set) with "
                          "rollout.distill (the teacher is the warm start trained that many SFT steps, or a local "
                          "checkpoint).")
-      _not_with("rollout.distill", (("rollout.partial_rollouts", self.partial_rollouts),
-                                    (other_generator[0], self.generator not in ("sample", "esr", "adwin")),
+      _not_with("rollout.distill", ((other_generator[0], self.generator not in ("sample", "esr", "adwin")),
                                     ("rollout.external_samples", bool(self.external_samples))))
-    if self.generator != "sample":   # a generator decodes in place of APRIL's own path
-      _not_with(other_generator[0], (("rollout.partial_rollouts", self.partial_rollouts),))
-    if self.partial_rollouts and not self.over_provision > 0:
-      raise ValueError(f"Config key rollout.over_provision must be > 0 with rollout.partial_rollouts, "
-                       f"got {self.over_provision}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -622,6 +615,8 @@ RENAMED = {
     "rollout.adwin_every": "rollout.generator_kwargs='every=...' with rollout.generator='adwin'",
     "rollout.adwin_gamma": "rollout.generator_kwargs='gamma=...' with rollout.generator='adwin'",
     "rollout.adwin_tau": "rollout.generator_kwargs='tau=...' with rollout.generator='adwin'",
+    "rollout.partial_rollouts": "rollout.generator='april'",
+    "rollout.over_provision": "rollout.generator_kwargs='over_provision=...' with rollout.generator='april'",
 }
 
 
@@ -633,7 +628,8 @@ def upgrade_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
   `rollout.fp4` / `fp4_pool_size` / `control.subset` become `rollout.generator="sol_rl"`,
   `control.prune*` become `"arrol"`, `rollout.distill="esr"|"adwin"[_full]` becomes
   `distill="opd"[_full]` with that generator, its window and ADWIN's settings in
-  `rollout.generator_kwargs`. Keys at their old defaults are dropped. A flat config with none
+  `rollout.generator_kwargs`; `rollout.partial_rollouts` becomes `"april"` with its
+  `over_provision`. Keys at their old defaults are dropped. A flat config with none
   of those keys comes back unchanged.
 
   >>> upgrade_flat({"rollout.fp4": "mxfp4", "rollout.fp4_pool_size": 0, "control.subset": "contrastive",
@@ -650,8 +646,11 @@ def upgrade_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
       ("oversample", "oversample"), ("at", "at"), ("target", "target"), ("min_examples", "min_examples"))}
   window = pop("rollout.distill_window", 16)
   adwin = {name: pop(f"rollout.adwin_{name}", None) for name in ("every", "gamma", "tau")}
+  partial, over_provision = pop("rollout.partial_rollouts", False), pop("rollout.over_provision", 0.5)
   settings = None
-  if fp4:
+  if partial:
+    out["rollout.generator"], settings = "april", {"over_provision": over_provision}
+  elif fp4:
     out["rollout.generator"], settings = "sol_rl", {"fmt": fp4, "pool": pool, "subset": subset}
   elif prune:
     out["rollout.generator"], settings = "arrol", {k: v for k, v in arrol.items() if v is not None}
@@ -902,10 +901,10 @@ def _external_samples(cfg: ExperimentConfig) -> None:
 
 
 def _cat_reward(cfg: ExperimentConfig) -> None:
-  """reward term 'cat' against rollout.partial_rollouts and rollout.external_samples."""
+  """reward term 'cat' against rollout.generator 'april' and rollout.external_samples."""
   from rollouts_jax import rewards  # pylint: disable=g-import-not-at-top
   if "cat" in [t for t, _ in rewards.parse_reward_spec(cfg.reward.name, key="reward.name")]:
-    _not_with("reward term 'cat'", (("rollout.partial_rollouts", cfg.rollout.partial_rollouts),
+    _not_with("reward term 'cat'", (("rollout.generator='april'", cfg.rollout.generator == "april"),
                                     ("rollout.external_samples", bool(cfg.rollout.external_samples))))
 
 
@@ -934,11 +933,10 @@ def _generator_paths(cfg: ExperimentConfig) -> None:
                                "token_advantages" in fields and cfg.replay.name != "none")))
 
 
-def _partial_rollouts(cfg: ExperimentConfig) -> None:
-  """rollout.partial_rollouts against control.dynamic_sampling and co_reward (reward.name)."""
-  if cfg.rollout.partial_rollouts:
-    _not_with("rollout.partial_rollouts",
-              (("control.dynamic_sampling", cfg.control.dynamic_sampling), _co_reward(cfg)))
+def _april(cfg: ExperimentConfig) -> None:
+  """rollout.generator 'april' against control.dynamic_sampling (its step ends at B finished groups)."""
+  if cfg.rollout.generator == "april":
+    _not_with("rollout.generator='april'", (("control.dynamic_sampling", cfg.control.dynamic_sampling),))
 
 
 def _task_reward(cfg: ExperimentConfig) -> None:
@@ -971,8 +969,7 @@ def _overlong_buffer(cfg: ExperimentConfig) -> None:
 
 
 def _selector(cfg: ExperimentConfig) -> None:
-  """control.name / control.kwargs against reward.ref_samples, rollout.num_samples, rollout.generator and
-  rollout.partial_rollouts."""
+  """control.name / control.kwargs against reward.ref_samples, rollout.num_samples and rollout.generator."""
   from rollouts_jax import control  # pylint: disable=g-import-not-at-top
   c, ro = cfg.control, cfg.rollout
   if c.name == "pvpo" and not cfg.reward.ref_samples:
@@ -984,10 +981,9 @@ def _selector(cfg: ExperimentConfig) -> None:
   except ValueError as e:
     raise ValueError(f"Config key control.kwargs ({c.name}): {e}") from e
   # A second phase decodes only the rollouts it adds: the plain generator's budgets.
-  if selector.refine is not None and (ro.generator != "sample" or ro.partial_rollouts):
+  if selector.refine is not None and ro.generator != "sample":
     raise ValueError(f"control.name={c.name!r} decodes its budgets in two phases within a step, which needs "
-                     f"rollout.generator='sample' and no rollout.partial_rollouts (got "
-                     f"rollout.generator={ro.generator!r}, partial_rollouts={ro.partial_rollouts}); its one-phase "
+                     f"rollout.generator='sample' (got rollout.generator={ro.generator!r}); its one-phase "
                      f"form is in control.kwargs ({'phases=1' if c.name == 'xrpo' else 'same_step=False'}).")
 
 
@@ -1062,7 +1058,7 @@ def _reference_rewards(cfg: ExperimentConfig) -> None:
 
 def _async_old_logprobs(cfg: ExperimentConfig) -> None:
   """async_rl.old_logprobs / max_staleness against rl.tis_cap, rollout.generator, replay.name,
-  rollout.external_samples, rollout.partial_rollouts."""
+  rollout.external_samples."""
   ac, ro = cfg.async_rl, cfg.rollout
   if (ac.max_staleness > 0 and ac.old_logprobs == "recompute" or ac.old_logprobs == "ewma") and not cfg.rl.tis_cap > 0:
     raise ValueError(
@@ -1076,7 +1072,7 @@ def _async_old_logprobs(cfg: ExperimentConfig) -> None:
   for key, on in ((f"rollout.generator={ro.generator!r} (it sets the ratio's log-probs)", "old_logprobs" in fields),
                   ("replay.name", cfg.replay.name != "none"),
                   ("rollout.external_samples", bool(ro.external_samples)),
-                  ("rollout.partial_rollouts", ro.partial_rollouts and ac.old_logprobs == "snapshot")):
+                  ("rollout.generator='april'", ro.generator == "april" and ac.old_logprobs == "snapshot")):
     if on:
       raise ValueError(f"async_rl.old_logprobs={ac.old_logprobs!r} does not combine with {key}; use "
                        "async_rl.old_logprobs='recompute' or turn it off.")
@@ -1089,7 +1085,7 @@ SECTIONS = ("model", "lora", "tokenizer", "data", "sft", "rollout", "reward", "c
 #: The rules between sections (the module docstring lists them), in the order `validate` applies them.
 CROSS_SECTION_RULES = (
     _model_tokenizer, _sft_pretrained, _lora_model_mesh, _truncation_tis, _environment, _generator_settings,
-    _external_samples, _cat_reward, _distill_kl, _distill, _generator_paths, _partial_rollouts, _task_reward,
+    _external_samples, _cat_reward, _distill_kl, _distill, _generator_paths, _april, _task_reward,
     _overlong_buffer,
     _selector, _replay_capacity, _kl_horizon, _echo_tree, _minibatches, _critic, _uniqueness_clusters,
     _reference_rewards, _async_old_logprobs)

@@ -25,22 +25,23 @@ def _group_key(batch, g):
 
 
 def test_april_uses_b_finished_groups_and_resumes_the_rest_under_newer_versions():
-  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 24, "partial_rollouts": True, "over_provision": 1.0})
+  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 24, "generator": "april",
+                      "generator_kwargs": "over_provision=1.0"})
   p, params = _pipeline(exp)
-  assert p.partial_requests == 8
   state = p.init_state()
+  assert p.generator.wants(state.generator) == 8   # ceil(4 * (1 + 1.0)) fresh prompts: the store is empty
   started, used = [], []
   stored_before = {}
   saw_resumed_unfinished = False
   for step in range(5):
-    if state.partial is not None:
-      s = jax.device_get(state.partial)
-      valid = np.asarray(s.valid)
-      for slot in np.flatnonzero(valid):
-        stored_before[int(np.asarray(s.data.prompt_index)[slot])] = (
-            np.asarray(s.data.completion_ids)[slot], np.asarray(s.data.completion_mask)[slot],
-            np.asarray(s.data.behaviour_logprobs)[slot], np.asarray(s.data.policy_version)[slot])
-    n_stored = int(np.asarray(state.partial.valid).sum())
+    s = jax.device_get(state.generator)   # APRIL's store
+    valid = np.asarray(s.valid)
+    for slot in np.flatnonzero(valid):
+      stored_before[int(np.asarray(s.data.prompt_index)[slot])] = (
+          np.asarray(s.data.completion_ids)[slot], np.asarray(s.data.completion_mask)[slot],
+          np.asarray(s.data.behaviour_logprobs)[slot], np.asarray(s.data.policy_version)[slot])
+    n_stored = int(valid.sum())
+    assert p.generator.wants(state.generator) == 8 - n_stored
     batch, state, info = p.collect(state, params, step, jax.random.key(step))
     started += [None] * int(info["rollouts"] // 4)
     B, N, T = batch.completion_ids.shape
@@ -66,14 +67,15 @@ def test_april_uses_b_finished_groups_and_resumes_the_rest_under_newer_versions(
           saw_resumed_unfinished = True
           assert (v[newer] == step).all() and (old_v[old_mask] < step).all()
   # Nothing lost: every group started was used or is still stored.
-  in_store = int(np.asarray(state.partial.valid).sum())
+  in_store = int(np.asarray(state.generator.valid).sum())
   assert len(started) == len(used) + in_store
   assert saw_resumed_unfinished   # the run exercised a resume under a newer policy version
   assert info["april/off_policy_token_frac"] >= 0.0 and 0.0 <= info["rollout/padding_frac"] < 1.0
 
 
 def test_april_state_checkpoints_and_resumes_bitwise():
-  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 24, "partial_rollouts": True, "over_provision": 1.0})
+  exp = _exp(rollout={"num_samples": 4, "max_new_tokens": 24, "generator": "april",
+                      "generator_kwargs": "over_provision=1.0"})
   p, params = _pipeline(exp)
   state = p.init_state()
   batch, state, _ = p.collect(state, params, 0, jax.random.key(0))
@@ -86,13 +88,22 @@ def test_april_state_checkpoints_and_resumes_bitwise():
 
 
 @pytest.mark.parametrize("sections,match", [
-    ({"rollout": {"partial_rollouts": True, "over_provision": 0.0}}, "rollout.over_provision"),
-    ({"rollout": {"partial_rollouts": True, "generator": "sol_rl"}}, "rollout.generator='sol_rl'.*partial_rollouts"),
-    ({"rollout": {"partial_rollouts": True}, "control": {"dynamic_sampling": True}}, "control.dynamic_sampling"),
+    ({"rollout": {"generator": "april", "generator_kwargs": "over_provision=0"}},
+     "rollout.generator_kwargs: generator 'april' setting 'over_provision' must be a number > 0, got 0"),
+    ({"rollout": {"generator": "april"}, "control": {"dynamic_sampling": True}},
+     "rollout.generator='april' does not combine with control.dynamic_sampling"),
+    ({"rollout": {"partial_rollouts": True}}, r"rollout.partial_rollouts is now rollout.generator='april'"),
 ])
 def test_partial_rollouts_config_errors_name_the_key(sections, match):
   with pytest.raises(ValueError, match=match):
     config_lib.validate(_exp(**sections))
+
+
+def test_old_april_keys_read_as_the_april_generator():
+  old = {"rollout.partial_rollouts": True, "rollout.over_provision": 1.0, "rollout.generator": "sample"}
+  assert config_lib.upgrade_flat(old) == {"rollout.generator": "april",
+                                          "rollout.generator_kwargs": "over_provision=1.0"}
+  assert config_lib.upgrade_flat({"rollout.partial_rollouts": False, "rollout.over_provision": 0.5}) == {}
 
 
 def test_partial_store_refuses_to_drop_groups():

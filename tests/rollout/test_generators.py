@@ -39,7 +39,7 @@ def _exp(**rollout_section):
 
 def test_names_and_settings_are_checked_with_their_config_keys():
   assert rollout.names()[0] == "sample" and {"spec_rl", "tree"} <= set(rollout.names())
-  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, adwin, arrol, esr, multiturn, self_spec, sol_rl, spec_rl, tree"):
+  with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'.*sample, adwin, april, arrol, esr, multiturn, self_spec, sol_rl, spec_rl, tree"):
     _exp(generator="beam")
   with pytest.raises(ValueError, match=r"rollout\.generator.*'beam'"):
     rollout.build("beam", CTX)
@@ -66,6 +66,28 @@ def test_names_and_settings_are_checked_with_their_config_keys():
 
 
 # -------------------------------------------------------------------------------- generators
+
+def test_april_chooses_its_groups_and_stores_the_rest():
+  """APRIL alone: it asks for requests - stored fresh prompts, returns B finished groups and keeps the
+  others (finished or not) in its state, so every group started is returned once or still stored."""
+  ctx = dataclasses.replace(CTX, batch_size=2, prompt_len=8)
+  gen = rollout.build("april", ctx, over_provision=1.0)
+  state, seen, started = gen.init(), [], 0
+  assert gen.wants(state) == 4   # ceil(2 * (1 + 1.0)), nothing stored yet
+  for step in range(3):
+    fresh = list(range(started, started + gen.wants(state)))
+    started += len(fresh)
+    batch, state, stats = gen.generate(state, PARAMS, _prompts([i % 6 for i in fresh]), jax.random.key(step),
+                                       version=step)
+    assert batch.prompt_ids.shape[0] == 2 and stats["rollouts"] == 4 * len(fresh)
+    assert np.asarray(sampling.finished_rows(batch.completion_ids, batch.completion_mask, CONF)).all()
+    seen += [int(i) for i in np.asarray(batch.prompt_index)]
+    stored = int(np.asarray(state.valid).sum())
+    assert stats["april/stored_groups"] == stored and gen.wants(state) == 4 - stored
+  assert started == len(seen) + int(np.asarray(state.valid).sum())
+  with pytest.raises(ValueError, match=r"rollout\.generator_kwargs.*'april'.*'over_provision'.*> 0"):
+    rollout.build("april", ctx, over_provision=0)
+
 
 def test_sample_generator_is_sampling_sample_on_the_same_key():
   gen = rollout.build("sample", CTX)

@@ -235,9 +235,9 @@ def test_async_section_is_reachable_and_checked():
     config_lib.from_config_dict({"async_rl": {"max_staleness": 1}})
   with pytest.raises(ValueError, match="async_rl.old_logprobs"):
     config_lib.from_config_dict({"async_rl": {"old_logprobs": "newest"}})
-  with pytest.raises(ValueError, match="rollout.partial_rollouts"):
+  with pytest.raises(ValueError, match="rollout.generator='april'"):
     config_lib.from_config_dict({"async_rl": {"max_staleness": 1, "old_logprobs": "snapshot"},
-                                 "rollout": {"partial_rollouts": True}})
+                                 "rollout": {"generator": "april"}})
   with pytest.raises(ValueError, match=r"async_rl\.stalenes"):
     config_lib.from_config_dict({"async_rl": {"stalenes": 1}})
 
@@ -259,8 +259,8 @@ def test_async_keys_from_the_command_line(monkeypatch):
 def test_partial_rollouts_continue_under_newer_weights(tmp_path):
   """APRIL inside the async loop: rows cut at a batch boundary are resumed by the producer under
   the next version, so trained batches mix tokens of two versions (older prefix, newer rest)."""
-  kw = {"async_rl.max_staleness": 1, "rl.tis_cap": 2.0, "rollout.partial_rollouts": True,
-        "rollout.over_provision": 0.5, "rollout.max_new_tokens": 24}
+  kw = {"async_rl.max_staleness": 1, "rl.tis_cap": 2.0, "rollout.generator": "april",
+        "rollout.generator_kwargs": "over_provision=0.5", "rollout.max_new_tokens": 24}
   loop.train(_exp(steps=4, **kw), tmp_path / "april", progress=False)
   rows = [r for r in _rows(tmp_path / "april") if "loss" in r]
   assert sum(r["april/resumed_groups"] for r in rows) > 0

@@ -208,7 +208,7 @@ def test_impossible_combinations_are_named_before_anything_compiles(overrides, k
     {"rollout.generator": "arrol"},
     {"rollout.generator": "self_spec"},
     {"rollout.generator": "multiturn", "rollout.env": "calculator"},
-    {"rollout.partial_rollouts": True},
+    {"rollout.generator": "april"},
     {"replay.name": "fifo", "control.dynamic_sampling": True},
     {"lora.rank": 4},
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "sample")

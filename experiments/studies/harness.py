@@ -123,13 +123,31 @@ def child_env(threads: int, cache_dir: pathlib.Path) -> dict:
   return env
 
 
-def past(stop_at: str | None) -> bool:
-  """Whether the UTC time is at or after "HH:MM" (None: never)."""
+def deadline(stop_at: str | datetime.datetime | None,
+             now: datetime.datetime | None = None) -> datetime.datetime | None:
+  """The UTC moment "HH:MM" names: its next occurrence after `now` (a study started at 22:30 with
+  "00:40" stops starting runs 2 h 10 min later, past midnight). A datetime passes through; None: never.
+
+  >>> at = datetime.datetime(2026, 12, 6, 22, 30, tzinfo=datetime.timezone.utc)
+  >>> str(deadline("00:40", at)), str(deadline("23:00", at))
+  ('2026-12-07 00:40:00+00:00', '2026-12-06 23:00:00+00:00')
+  """
+  if stop_at is None or isinstance(stop_at, datetime.datetime):
+    return stop_at
   if not stop_at:
-    return False
-  now = datetime.datetime.now(datetime.timezone.utc)
-  hh, mm = (int(x) for x in stop_at.split(":"))
-  return (now.hour, now.minute) >= (hh, mm)
+    return None
+  try:
+    hh, mm = (int(x) for x in stop_at.split(":"))
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    at = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+  except ValueError as e:
+    raise ValueError(f"--stop_at={stop_at!r} is not a UTC time HH:MM ({e}).") from e
+  return at if at > now else at + datetime.timedelta(days=1)
+
+
+def past(stop_at: datetime.datetime | None) -> bool:
+  """Whether the UTC time is at or after the `deadline` (None: never)."""
+  return stop_at is not None and datetime.datetime.now(datetime.timezone.utc) >= stop_at
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +210,8 @@ def train_run(workdir: pathlib.Path, config: str, overrides: Sequence[str], *, e
 
 
 def run_grid(arms: Sequence[str], seeds: int, runs_dir: pathlib.Path, run: Callable[[str, int, pathlib.Path], dict],
-             *, report_only: bool = False, stop_at: str | None = None,
+             *, report_only: bool = False, stop_at: str | datetime.datetime | None = None,
+             only: Sequence[str] | None = None,
              recorded: Callable[[str, int, pathlib.Path], dict | None] | None = None,
              save: Callable[[list, list], Any] | None = None,
              log: Callable[[str], None] = print) -> tuple[list[dict], list[str]]:
@@ -204,7 +223,9 @@ def run_grid(arms: Sequence[str], seeds: int, runs_dir: pathlib.Path, run: Calla
     runs_dir: parent of the runs' workdirs (`runs_dir/ARM/seedS`).
     run: (arm, seed, workdir) -> the run's record (`train_run`); RuntimeError marks it failed.
     report_only: start no run: finished ones are reported, the rest listed as not run.
-    stop_at: "HH:MM" UTC after which no new run starts.
+    stop_at: "HH:MM" UTC after which no new run starts (its next occurrence), or a `deadline`.
+    only: None, or the arms that may start runs; the others are reported from their records or
+      finished workdirs (so a study re-run for one arm keeps the rest of its table).
     recorded: (arm, seed, workdir) -> an earlier record to take instead of running, or None.
     save: called with (results, missing) after every arm x seed.
     log: progress lines.
@@ -212,14 +233,15 @@ def run_grid(arms: Sequence[str], seeds: int, runs_dir: pathlib.Path, run: Calla
   Returns:
     (records, the "ARM/seedS" not run).
   """
-  results, missing = [], []
+  results, missing, stop_at = [], [], deadline(stop_at)
   for seed in range(seeds):
     for arm in arms:
       workdir = runs_dir / arm / f"seed{seed}"
       earlier = recorded(arm, seed, workdir) if recorded and not (workdir / "result.json").exists() else None
       if earlier is not None:
         results.append(earlier)
-      elif not (workdir / "result.json").exists() and (report_only or past(stop_at)):
+      elif not (workdir / "result.json").exists() and (report_only or past(stop_at) or
+                                                         (only is not None and arm not in only)):
         missing.append(f"{arm}/seed{seed}")
         continue
       else:

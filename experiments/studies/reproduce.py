@@ -544,7 +544,7 @@ def write_outputs(study: Study, results: Sequence[dict], out_dir: pathlib.Path, 
   if reused:
     lines += ["", "Runs taken from another study's run with the same config and seed: " + "; ".join(reused) + "."]
   if missing:
-    lines += ["", "Not run (not started before the deadline, or failed): " + ", ".join(missing) + "."]
+    lines += ["", "Not run (not in --arms, not started before the deadline, or failed): " + ", ".join(missing) + "."]
   (stem.with_suffix(".md")).write_text("\n".join(lines) + "\n")
   if plot and table:
     _plot(study, table, stem.with_suffix(".png"))
@@ -584,7 +584,8 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
     in_process: run `loop.train` in this process (default: only for smoke) instead of
       `experiments.launch.train` subprocesses.
     threads: CPU threads of each training subprocess (0: JAX's default).
-    stop_at: "HH:MM" (UTC): start no run after this time; the rest is reported as not run.
+    stop_at: "HH:MM" (UTC; its next occurrence, fixed when this is called): start no run after this
+      time; the rest is reported as not run.
     arms: if given, only these arms (of any study).
     plot: write the PNG.
     report_only: train nothing: tables from the runs that have finished.
@@ -598,10 +599,9 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
   in_process = smoke if in_process is None else in_process
   seeds = 1 if smoke else seeds
   env = harness.child_env(threads, runs_dir / "jax_cache")
-  docs = {}
+  docs, stop_at = {}, harness.deadline(stop_at)   # one deadline for every study
   for name in names:
     study = ALL_STUDIES[name]
-    chosen = [a for a in study.arms if not arms or a in arms]
     # Runs recorded in the study's results JSON (a commit of an earlier machine's) count as done
     # when their config is today's: a study spread over machines repeats nothing.
     committed, recorded_teacher = ({}, {}) if smoke else committed_runs(results_dir / f"repro_{name}.json")
@@ -642,7 +642,9 @@ def run_studies(names: Sequence[str], *, seeds: int, runs_dir: pathlib.Path, res
           f"({time.time() - t0:.0f} s now)")
       return result
 
-    results, missing = harness.run_grid(chosen, seeds, study_dir, run, report_only=report_only, stop_at=stop_at,
+    # Arms not chosen keep their recorded runs in the table; only the chosen ones start runs.
+    results, missing = harness.run_grid(study.arms, seeds, study_dir, run, report_only=report_only, stop_at=stop_at,
+                                        only=[a for a in study.arms if a in arms] if arms else None,
                                         recorded=recorded, save=save, log=log)
     docs[name] = save(results, missing, plot)
   return docs
@@ -718,6 +720,10 @@ def main(argv=None):
   for n in names:
     if n not in ALL_STUDIES:
       parser.error(f"unknown study {n!r}; studies: {', '.join(ALL_STUDIES)} (or all, real)")
+  known = [a for n in names for a in ALL_STUDIES[n].arms]
+  for a in filter(None, args.arms.split(",")):
+    if a not in known:
+      parser.error(f"--arms: unknown arm {a!r}; the arms of {', '.join(names)}: {', '.join(dict.fromkeys(known))}")
   runs_dir = pathlib.Path(args.runs_dir)
   # The smoke runs train in this process: its compiled programs (quickly compiled, for one step)
   # go to the runs' cache, as the training subprocesses' do.

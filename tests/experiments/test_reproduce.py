@@ -145,6 +145,42 @@ def test_finished_runs_are_reused_and_not_rerun(tmp_path, monkeypatch):
   del study
 
 
+def test_running_one_arm_keeps_the_other_arms_recorded_runs(tmp_path, monkeypatch):
+  """`--arms=X` starts only X's runs; the results JSON still holds the other arms' recorded runs."""
+  study, res = rp.STUDIES["ttrl"], tmp_path / "res"
+  recorded = [_run("ground_truth", 0, 0.61, wall_s=5.0, config=rp.run_config("ttrl", "ground_truth", 0))]
+  rp.write_outputs(study, recorded, res, planned_seeds=1, smoke=False, missing=[], plot=False)
+  trained = []
+
+  def fake_run_one(study_, arm, seed, workdir, overrides, **kw):
+    trained.append((arm, seed))
+    workdir.mkdir(parents=True)
+    (workdir / "result.json").write_text(json.dumps(_run(arm, seed, 0.5, wall_s=1.0)))
+    return _run(arm, seed, 0.5, wall_s=1.0)
+
+  monkeypatch.setattr(rp, "run_one", fake_run_one)
+  monkeypatch.setattr(rp, "warm_start_overrides", lambda *a, **k: [])
+  docs = rp.run_studies(["ttrl"], seeds=2, runs_dir=tmp_path / "runs", results_dir=res, plot=False,
+                        arms=["ttrl"], log=lambda s: None)
+  assert trained == [("ttrl", 0), ("ttrl", 1)]
+  assert docs["ttrl"]["arms"]["ground_truth"]["pass@1 after"]["values"] == [0.61]   # kept, not rerun
+  assert docs["ttrl"]["not_run"] == ["ground_truth/seed1"]
+  on_disk = json.loads((res / "repro_ttrl.json").read_text())
+  assert sorted((r["arm"], r["seed"]) for r in on_disk["runs"]) == [("ground_truth", 0), ("ttrl", 0), ("ttrl", 1)]
+
+
+def test_stop_at_is_the_next_occurrence_of_the_time():
+  import datetime
+  utc = datetime.timezone.utc
+  at = datetime.datetime(2026, 12, 6, 22, 30, tzinfo=utc)
+  assert harness.deadline("00:40", at) == datetime.datetime(2026, 12, 7, 0, 40, tzinfo=utc)   # after midnight
+  assert harness.deadline("23:10", at) == datetime.datetime(2026, 12, 6, 23, 10, tzinfo=utc)
+  assert harness.deadline(None) is None and not harness.past(None)
+  assert harness.past(datetime.datetime(2000, 1, 1, tzinfo=utc))
+  with pytest.raises(ValueError, match="--stop_at='9pm' is not a UTC time HH:MM"):
+    harness.deadline("9pm")
+
+
 def test_runs_recorded_in_the_results_json_are_reused_only_while_their_config_is_unchanged(tmp_path, monkeypatch):
   """A study spread over machines: a committed run counts as done when its config is today's."""
   study = rp.STUDIES["ttrl"]

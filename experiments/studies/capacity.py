@@ -13,9 +13,9 @@ then moves the batch. Per step, with K tokens:
 and every trained batch is exactly S versions old after the first S steps (`batch_version`).
 ECHO-2's overlap model (`rollout.source.capacity`) gives the smallest S that hides generation.
 `measure` calibrates c_sample, c_train and the communication from a local 1 + 1, S = 0 run,
-predicts 1 + 1 (S = 1) and 2 + 1 (S = 1), runs them, prints predicted vs measured, and the 1 + 1
-throughput against the one-process loop. Time it on a quiet machine (other work skews it).
-2 + 2 is not run: one trainer process only (`disaggregated.check_supported`).
+predicts 1 + 1, 2 + 1 and 2 + 2 (S = 1; T = 2 trainers are data parallel), runs them, prints
+predicted vs measured, and the 1 + 1 throughput against the one-process loop. Time it on a quiet
+machine (other work skews it).
 """
 
 import dataclasses
@@ -75,7 +75,7 @@ def cluster_example() -> None:
           f"{p['min_staleness_to_hide_gen']:>13} {p['trainer_busy']:7.2f}")
 
 
-def _run(name: str, R: int, S: int, one_process: bool = False) -> list[dict]:
+def _run(name: str, R: int, S: int, one_process: bool = False, T: int = 1) -> list[dict]:
   workdir = pathlib.Path(FLAGS.workdir) / name
   if workdir.exists():
     import shutil  # pylint: disable=g-import-not-at-top
@@ -87,7 +87,7 @@ def _run(name: str, R: int, S: int, one_process: bool = False) -> list[dict]:
            "--progress=false", *over]
   else:
     cmd = [sys.executable, "-m", "experiments.launch.cluster", f"--config={FLAGS.config}", f"--workdir={workdir}",
-           f"--num_rollout_processes={R}", "--num_trainer_processes=1", *over]
+           f"--num_rollout_processes={R}", f"--num_trainer_processes={T}", *over]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   out = subprocess.run(cmd, cwd=_REPO, env=env, capture_output=True, text=True)
@@ -111,9 +111,9 @@ def measure() -> None:
   print(f"calibrated on 1+1, S=0: c_sample={c.sample_s * 1e6:.1f} us/token, c_train={c.train_s * 1e6:.1f} us/token, "
         f"comm={c.handoff_s * 1e3:.1f} ms/step ({tokens:.0f} tokens/step)")
   print(f"{'run':>12} {'pred step s':>12} {'meas step s':>12} {'pred tok/s':>11} {'meas tok/s':>11} {'gap':>4}")
-  for name, R, S in (("r1_t1_s0", 1, 0), ("r1_t1_s1", 1, 1), ("r2_t1_s1", 2, 1)):
-    rows = sync if name == "r1_t1_s0" else _run(name, R, S)
-    p = predict(c, tokens, rollouts, R, 1, S)
+  for name, R, T, S in (("r1_t1_s0", 1, 1, 0), ("r1_t1_s1", 1, 1, 1), ("r2_t1_s1", 2, 1, 1), ("r2_t2_s1", 2, 2, 1)):
+    rows = sync if name == "r1_t1_s0" else _run(name, R, S, T=T)
+    p = predict(c, tokens, rollouts, R, T, S)
     meas = _med(rows, "time/step")
     print(f"{name:>12} {p['step_s']:12.3f} {meas:12.3f} {p['tokens_per_s']:11.0f} "
           f"{_med(rows, 'generated_tokens') / meas:11.0f} {_med(rows, 'disagg/version_gap'):4.0f}")

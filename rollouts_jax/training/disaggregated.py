@@ -19,7 +19,12 @@ With exact versions a free-running rollout side could not start earlier than thi
 does (batch q needs version q - S, made by the update of round q - 1), so lockstep loses only
 jitter absorption.
 
-Checkpoints: trainer 0 saves the train state, the in-flight versions and the EWMA
+Trainers: with T > 1 the update is data parallel over a mesh of the trainers' devices
+(`mesh.preset` "pure_dp": params and optimizer state replicated, each batch's groups split
+evenly, gradients all-reduced by the compiled step); weights leave from trainer 0's local copy,
+and trainer 0 alone evaluates and logs.
+
+Checkpoints: the trainers save the train state, the in-flight versions and the EWMA
 (`rollout.source.init_state`) and the rollout side's pipeline state after the last trained
 batch (sent to it at each save) through `io.checkpoint.Checkpointer`; a restarted cluster
 regenerates the in-flight batches from those versions, so nothing is lost or repeated.
@@ -278,9 +283,15 @@ def check_supported(exp: ExperimentConfig, roles: Roles) -> None:
   """Named errors for settings this module does not run."""
   if roles.num_rollouts < 1:
     raise ValueError(f"--num_rollout_processes must be >= 1, got {roles.num_rollouts}.")
-  if roles.num_trainers != 1:
-    raise ValueError(f"--num_trainer_processes={roles.num_trainers}: only one trainer process is supported "
-                     "(its update may use every device of its host through mesh.shape).")
+  if roles.num_trainers < 1:
+    raise ValueError(f"--num_trainer_processes must be >= 1, got {roles.num_trainers}.")
+  if roles.num_trainers > 1:   # pure data parallelism over the trainers: the batch's groups split evenly
+    if exp.control.prompts_per_step % roles.num_trainers:
+      raise ValueError(f"--num_trainer_processes={roles.num_trainers} does not divide control.prompts_per_step="
+                       f"{exp.control.prompts_per_step}: the trainers split each batch's groups evenly.")
+    if exp.lora.rank:
+      raise ValueError(f"lora.rank={exp.lora.rank} with --num_trainer_processes={roles.num_trainers}: adapters "
+                       "are trained by one trainer process for now; use --num_trainer_processes=1.")
   if tuple(exp.mesh.rollout_shape):
     raise ValueError("mesh.rollout_shape: the rollout processes are the rollout devices here; leave it empty.")
   if int(np.prod(exp.mesh.shape)) != 1:
@@ -331,7 +342,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, num_trainers: in
   side.kill_in_update = kill_in_update
   # Start-up: the pipeline state's template to the trainers, the resume point to everyone.
   template = send(side.pipeline_state_host() if pid == roles.lead_rollout else None, src=roles.lead_rollout)
-  resume = send(side.restore(template) if lead else None, src=0)
+  mine = side.restore(template) if trainer else None   # every trainer reads its copy (orbax syncs them)
+  resume = send(mine if lead else None, src=0)
   start = resume["start"]
   side.resumed(resume)
   if start == 0:
@@ -469,18 +481,32 @@ class _Rollout(_Side):
 
 
 class _Trainer(_Side):
-  """Trainer 0: the update, the versions in flight, the old log-probs, logs and checkpoints."""
+  """A trainer: the update (data parallel over the trainers when T > 1), the versions in flight, the
+  old log-probs and checkpoints; trainer 0 also evaluates and logs."""
 
   def __init__(self, *args):
     super().__init__(*args)
     exp = self.exp
-    self.logger = MetricsLogger(self.workdir, total_steps=exp.rl.steps if self.progress else None, desc="rl")
+    self.lead = jax.process_index() == 0
+    self.logger = (MetricsLogger(self.workdir, total_steps=exp.rl.steps if self.progress else None, desc="rl")
+                   if self.lead else NullLogger())
     self.evaluate_fn = evaluator(exp, self.cfg, self.tokenizer)
     self.eval_key = jax.random.key(exp.seed + 1)
     self.eval_examples = list(self.test_examples[:exp.eval.num_examples])
-    train_state, _ = sharding.init_sharded_state(train_state_init(exp.rl), self.policy, None)
+    self.mesh = self.param_shardings = state_shardings = None
+    if self.roles.num_trainers > 1:   # one device per trainer, params replicated, batches split
+      meshes = sharding.RolloutTrainMeshes.create(sharding.MeshConfig(shape=(self.roles.num_trainers, 1, 1),
+                                                                      preset="pure_dp"),
+                                                  devices=_first_devices(self.roles.trainers))
+      self.mesh, self.param_shardings = meshes.train_mesh, meshes.train_shardings(self.cfg)
+      self.policy = sharding.shard_params(self.policy, self.param_shardings)
+      if self.ref_params is not None:
+        self.ref_params = sharding.shard_params(self.ref_params, self.param_shardings)
+    train_state, state_shardings = sharding.init_sharded_state(train_state_init(exp.rl), self.policy,
+                                                               self.param_shardings)
+    self.state_shardings = state_shardings
     self.state = {"train": train_state}
-    async_state = source_lib.init_state(exp.async_rl, train_state.params, disaggregated=True)
+    async_state = source_lib.init_state(exp.async_rl, self._local(train_state.params), disaggregated=True)
     self.score = source_lib.scorer(self.cfg, temperature=exp.rollout.temperature, micro_rows=exp.rl.micro_batch_size,
                                    chunk=exp.rl.logprob_chunk)
     if async_state is not None:
@@ -488,7 +514,7 @@ class _Trainer(_Side):
     self.ckpt = Checkpointer(self.workdir / "checkpoints", save_every=exp.checkpoint.every, keep=exp.checkpoint.keep,
                              active_processes=set(self.roles.trainers))
     self.train_step = make_train_step(dict(cfg=self.cfg, rl=exp.rl, temperature=exp.rollout.temperature,
-                                       max_len=exp.rollout.max_new_tokens))
+                                           max_len=exp.rollout.max_new_tokens), state_shardings, self.mesh)
     self.pending, self.timing, self.summary = {}, {}, {}
     self.nonfinite_run, self.last_save_pipeline = 0, None
     self.t_send = self.t_wait = 0.0
@@ -502,6 +528,10 @@ class _Trainer(_Side):
       restored, meta, _ = self.ckpt.restore_latest_intact(abstract, quarantine=True)
       self.state = state_from_disk(restored, dict(state, pipeline=restored["pipeline"]))
       pipeline = self.state.pop("pipeline")
+      if self.mesh is not None:   # each trainer read a local copy: the train state back onto the trainers' mesh
+        self.state["train"] = jax.tree_util.tree_map(
+            lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx, h=np.asarray(x): h[idx]),
+            self.state["train"], self.state_shardings)
       self.start, self.nonfinite_run, self.summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
       log.info("Resumed from step %d", self.start)
     self.logger.truncate_after(self.start if self.start else -1)
@@ -515,15 +545,30 @@ class _Trainer(_Side):
     for i, snap in enumerate(self.state["async"]["snapshots"] if S > 0 else []):
       if start - S + i >= 0:
         self.hub.publish(start - S + i, snap)
-    self.hub.publish(start, copy_tree(self.state["train"].params))
+    self.hub.publish(start, copy_tree(self._local(self.state["train"].params)))
+
+  def _local(self, tree):
+    """This trainer's copy of replicated arrays, as local ones: what trainer 0 evaluates and sends, and the
+    versions (the hub), the EWMA and old log-probs, which each trainer keeps and computes alone."""
+    if self.mesh is None:
+      return tree
+    return jax.tree_util.tree_map(
+        lambda x: x.addressable_data(0) if isinstance(x, jax.Array) and not x.is_fully_addressable else x, tree)
+
+  def _evaluate(self, greedy=True):
+    """Trainer 0's evaluation of the current params (on its local copy; the others skip it)."""
+    if not self.lead:
+      return {}
+    params = self._local(self.state["train"].params)
+    return self.evaluate_fn(params, self.eval_examples, self.eval_key, **({} if greedy else {"greedy": False}))
 
   def before(self, presampled):
-    self.summary["before"] = self.evaluate_fn(self.state["train"].params, self.eval_examples, self.eval_key)
+    self.summary["before"] = self._evaluate()
     self.logger.log(0, {**self.summary["before"], **(presampled or {})})
 
   def version_params(self, version):
     t0 = time.perf_counter()
-    params = self.state["train"].params if version == self.version else self.hub.get(version)
+    params = self._local(self.state["train"].params) if version == self.version else self.hub.get(version)
     self._send_start = t0
     return params
 
@@ -540,23 +585,29 @@ class _Trainer(_Side):
     exp = self.exp
     t0 = time.perf_counter()
     got = self.pending.pop(step)
-    batch, info, version = got["batch"], dict(got["info"]), got["version"]
+    host, info, version = got["batch"], dict(got["info"]), got["version"]
     if step - version > self.S:
       raise RuntimeError(f"Step {step}: a batch of version {version} exceeds async_rl.max_staleness={self.S}.")
     params = self.state["train"].params
-    old = source_lib.old_logprobs(exp.async_rl.old_logprobs, self.score, batch, step, params, self.hub, self.ewma)
+    old = source_lib.old_logprobs(exp.async_rl.old_logprobs, self.score, host, step, self._local(params), self.hub,
+                                  self.ewma)
     if old is not None:
-      batch = batch.replace(old_logprobs=old)
+      host = host.replace(old_logprobs=old)
+    batch = host
+    if self.mesh is not None:   # every trainer holds the whole batch; each device takes its groups
+      rows = sharding.data_sharding(self.mesh)
+      batch = jax.tree_util.tree_map(
+          lambda x: jax.make_array_from_callback(np.shape(x), rows, lambda idx, x=np.asarray(x): x[idx]), host)
     t1 = time.perf_counter()
     train_state, m = self.train_step(self.state["train"], batch, self.ref_params)
     if self.ewma is not None:
-      avg, total = source_lib.ewma_update(self.ewma["params"], self.ewma["total"], train_state.params,
+      avg, total = source_lib.ewma_update(self.ewma["params"], self.ewma["total"], self._local(train_state.params),
                                           exp.async_rl.ewma_beta)
       self.ewma = {"params": avg, "total": total}
-    self.hub.publish(step + 1, copy_tree(train_state.params))
+    self.hub.publish(step + 1, copy_tree(self._local(train_state.params)))
     self.version = step + 1
     self.state = dict(self.state, train=train_state)
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    m = {k: float(v) for k, v in jax.device_get(self._local(m)).items()}
     t2 = time.perf_counter()
     now = time.perf_counter()
     info.update(m, **{"time/update": t2 - t1, "time/step": now - self.mark, "async/collect_s": got["collect_s"],
@@ -566,7 +617,7 @@ class _Trainer(_Side):
     if self.S > 0:
       # The producer's share is the rollout processes' share of all processes (one device each).
       r, t = self.roles.num_rollouts, self.roles.num_trainers
-      source_lib.step_metrics(info, batch, step, version, 0.0, self.timing, max_staleness=self.S,
+      source_lib.step_metrics(info, host, step, version, 0.0, self.timing, max_staleness=self.S,
                               batch_rollouts=exp.control.prompts_per_step * exp.rollout.num_samples,
                               producer_share=r / (r + t))
     info["tokens_per_s"] = info["generated_tokens"] / max(info.get("time/sample", 0.0), 1e-9)
@@ -574,14 +625,13 @@ class _Trainer(_Side):
     self.nonfinite_run = self.nonfinite_run + 1 if m["nonfinite"] > 0 else 0
     if m["nonfinite"] > 0:
       log.warning("Step %d: non-finite loss or gradient; update skipped (%d in a row).", step + 1, self.nonfinite_run)
-    params = self.state["train"].params
     if exp.eval.every and (step + 1) % exp.eval.every == 0 and step + 1 < exp.rl.steps:
-      info.update(self.evaluate_fn(params, self.eval_examples, self.eval_key, greedy=False))
+      info.update(self._evaluate(greedy=False))
     self.logger.log(step + 1, info)
     if step == self.kill_in_update:   # fault drill: the update done, its checkpoint not
       os.kill(os.getpid(), signal.SIGKILL)
     if step + 1 == exp.rl.steps:
-      self.summary["after"] = self.evaluate_fn(params, self.eval_examples, self.eval_key)
+      self.summary["after"] = self._evaluate()
       self.logger.log(step + 1, self.summary["after"])
 
   def flags(self, step):
@@ -605,7 +655,7 @@ class _Trainer(_Side):
       state["async"] = out
       self.state["async"] = out
     meta = {"rl_step": step + 1, "nonfinite_run": self.nonfinite_run, "summary": self.summary}
-    self.ckpt.save(step + 1, state_on_disk(state), meta, force=True)
+    self.ckpt.save(step + 1, state_on_disk(self._local(state)), meta, force=True)
 
   def forget(self, step):
     pass
@@ -618,6 +668,8 @@ class _Trainer(_Side):
 
   def finish(self):
     self.logger.close()
+    if not self.lead:
+      return {"role": "trainer", "final_step": self.exp.rl.steps}
     plots = plot_curves(self.workdir / "metrics.jsonl", self.workdir / "plots")
     self.summary.update(final_step=self.exp.rl.steps, plots=[str(p) for p in plots])
     (self.workdir / "summary.json").write_text(json.dumps(self.summary, indent=2))

@@ -19,8 +19,11 @@ from rollouts_jax.training import config as config_lib, disaggregated, loop
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = str(REPO / "configs" / "default.py") + ":smoke"
+# The smoke model's rewards are all zero, so the entropy bonus is what moves the params: without it every
+# update is zero and a params comparison could not fail.
+MOVES = "--config.rl.entropy_coef=0.01"
 ASYNC = ["--config.async_rl.max_staleness=1", "--config.rl.tis_cap=2.0", "--config.async_rl.old_logprobs=snapshot",
-         "--config.rl.steps=4"]
+         "--config.rl.steps=4", MOVES]
 
 
 def _exp(*overrides):
@@ -51,6 +54,13 @@ def _params(exp, workdir):
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(got)[0]}
 
 
+def _moved(exp, params):
+  """The largest change of any parameter from the warm start (a comparison of params must compare updates)."""
+  start = loop.load_policy(exp, loop.load_task(exp)[0])[1]
+  flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(start)[0]}
+  return max(float(np.abs(params[k] - flat[k]).max()) for k in flat)
+
+
 def _rows(workdir):
   rows = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
   return [r for r in rows if "disagg/version_gap" in r]
@@ -71,8 +81,11 @@ def test_config_hash_is_stable_and_sensitive():
 def test_roles_and_unsupported_settings_are_named():
   roles = disaggregated.Roles(1, 3)
   assert roles.trainers == (0,) and roles.rollouts == (1, 2, 3) and roles.lead_rollout == 1
-  with pytest.raises(ValueError, match="--num_trainer_processes=2"):
-    disaggregated.check_supported(_exp(), disaggregated.Roles(2, 1))
+  disaggregated.check_supported(_exp(), disaggregated.Roles(2, 1))   # data parallel over 2 trainers
+  with pytest.raises(ValueError, match="--num_trainer_processes=3 does not divide control.prompts_per_step=4"):
+    disaggregated.check_supported(_exp(), disaggregated.Roles(3, 1))
+  with pytest.raises(ValueError, match="lora.rank=4 with --num_trainer_processes=2"):
+    disaggregated.check_supported(_exp("--config.lora.rank=4"), disaggregated.Roles(2, 1))
   with pytest.raises(ValueError, match="--num_rollout_processes=5 exceeds control.prompts_per_step=4"):
     disaggregated.check_supported(_exp(), disaggregated.Roles(1, 5))
 
@@ -113,13 +126,13 @@ def test_mismatched_configs_are_named(tmp_path, cache):
 @pytest.mark.slow
 def test_one_rollout_one_trainer_synchronous_equals_one_process(tmp_path, cache):
   """max_staleness=0: the same batches and the same update, so the same params bit for bit."""
-  exp = _exp("--config.rl.steps=2")
+  exp = _exp("--config.rl.steps=2", MOVES)
   ref = loop.train(exp, tmp_path / "one", progress=False)
-  out = _launch(tmp_path / "two", "--config.rl.steps=2")
+  out = _launch(tmp_path / "two", "--config.rl.steps=2", MOVES)
   assert out.returncode == 0, out.stderr[-3000:]
   got = _params(exp, tmp_path / "two")
   flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(ref["params"])[0]}
-  assert set(got) == set(flat)
+  assert set(got) == set(flat) and _moved(exp, got) > 1e-5
   for k in flat:
     np.testing.assert_array_equal(got[k], flat[k], err_msg=k)
   assert [r["disagg/version_gap"] for r in _rows(tmp_path / "two")] == [0.0, 0.0]
@@ -135,6 +148,7 @@ def async_run(tmp_path_factory, cache):
   workdir = tmp_path_factory.mktemp("async")
   out = _launch(workdir, "--num_rollout_processes=2", *ASYNC)
   assert out.returncode == 0, out.stderr[-3000:]
+  assert _moved(_exp(*ASYNC), _params(_exp(*ASYNC), workdir)) > 1e-5
   return workdir
 
 
@@ -179,6 +193,43 @@ def test_trainer_killed_mid_step_resumes_bitwise(tmp_path, async_run):
   assert [r["step"] for r in _rows(tmp_path / "w")] == [1, 2, 3, 4]
   whole, cut = _rows(async_run), _rows(tmp_path / "w")
   assert [r["loss"] for r in cut] == [r["loss"] for r in whole]
+
+
+@pytest.mark.slow
+def test_two_trainers_are_data_parallel_and_equal_one_process(tmp_path, cache):
+  """T = 2 trainers (params replicated on a mesh of their devices, each batch's groups split between them)
+  at max_staleness = 0: the one-process run's params to float tolerance (the gradient's sum is reduced over
+  two devices, in another order), trainer 0 alone logging each step once."""
+  exp = _exp("--config.rl.steps=2", MOVES)
+  ref = loop.train(exp, tmp_path / "one", progress=False)
+  out = _launch(tmp_path / "two", "--num_trainer_processes=2", "--config.rl.steps=2", MOVES)
+  assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
+  got = _params(exp, tmp_path / "two")
+  flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(ref["params"])[0]}
+  assert set(got) == set(flat) and _moved(exp, got) > 1e-5
+  for k in flat:
+    np.testing.assert_allclose(got[k], flat[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  assert [r["step"] for r in _rows(tmp_path / "two")] == [1, 2]
+  assert json.loads((tmp_path / "two" / "summary.json").read_text())["final_step"] == 2
+
+
+@pytest.mark.slow
+def test_two_trainers_async_resume_after_a_trainer_is_killed_mid_step(tmp_path, cache):
+  """2 trainers + 1 rollout process, max_staleness = 1: the version gap stays within 1, and trainer 1 SIGKILLed
+  in the middle of step 3 resumes (every trainer reads the checkpoint) to the uninterrupted run's params bit
+  for bit, each step logged once."""
+  whole = _launch(tmp_path / "whole", "--num_trainer_processes=2", *ASYNC)
+  assert whole.returncode == 0, whole.stderr[-3000:] + whole.stdout[-2000:]
+  assert max(r["disagg/version_gap"] for r in _rows(tmp_path / "whole")) <= 1
+  out = _launch(tmp_path / "cut", "--num_trainer_processes=2", *ASYNC, "--fault_kill=1:2:update", "--max_restarts=1")
+  assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
+  assert "Attempt 0: process 1 exited with code -9" in out.stdout
+  exp = _exp(*ASYNC)
+  want, got = _params(exp, tmp_path / "whole"), _params(exp, tmp_path / "cut")
+  assert _moved(exp, want) > 1e-5
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert [r["step"] for r in _rows(tmp_path / "cut")] == [1, 2, 3, 4]
 
 
 def test_fault_kill_flag_is_checked_before_the_runtime_is_joined(tmp_path):

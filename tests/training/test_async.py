@@ -39,6 +39,17 @@ def _rows(workdir):
   return [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
 
 
+# The smoke model's rewards are all zero; the entropy bonus gives every update a gradient, so comparing
+# params compares updates (`_moved` checks it).
+MOVES = {"rl.entropy_coef": 0.01}
+
+
+def _moved(exp, params) -> float:
+  start = loop.load_policy(exp, loop.load_task(exp)[0])[1]
+  return max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+             for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(start)))
+
+
 # -- the producer and the bound -------------------------------------------------------------------
 
 @pytest.mark.parametrize("eta", [0, 1, 2])
@@ -112,9 +123,9 @@ def test_hub_drops_old_versions_and_wakes_waiters():
 # -- the loop ------------------------------------------------------------------------------------
 
 def test_threaded_loop_at_staleness_0_is_the_synchronous_loop_bitwise(tmp_path):
-  sync = loop.train(_exp(), tmp_path / "sync", progress=False)
-  threaded = loop.train(_exp(), tmp_path / "threaded", progress=False, threaded=True)
-  assert _same(sync["params"], threaded["params"])
+  sync = loop.train(_exp(**MOVES), tmp_path / "sync", progress=False)
+  threaded = loop.train(_exp(**MOVES), tmp_path / "threaded", progress=False, threaded=True)
+  assert _same(sync["params"], threaded["params"]) and _moved(_exp(**MOVES), sync["params"]) > 1e-6
   a, b = _rows(tmp_path / "sync"), _rows(tmp_path / "threaded")
   for key in ("reward_mean", "loss", "generated_tokens", "grad_norm"):
     assert [r.get(key) for r in a] == [r.get(key) for r in b], key
@@ -124,12 +135,12 @@ def test_async_run_resumes_to_the_uninterrupted_result(tmp_path):
   """Killed after step 2 of 4 at staleness 1: the resumed run ends with the same params and the
   same per-step rows as a run never stopped (the producer regenerates the batches that were in
   flight from the saved versions), and every step is logged once."""
-  kw = {"async_rl.max_staleness": 1, "rl.tis_cap": 2.0}
+  kw = {"async_rl.max_staleness": 1, "rl.tis_cap": 2.0, **MOVES}
   whole = loop.train(_exp(steps=4, **kw), tmp_path / "whole", progress=False)
   cut = loop.train(dataclasses.replace(_exp(steps=4, **kw), stop_after_step=2), tmp_path / "cut", progress=False)
   assert cut["stopped_at"] == 2
   resumed = loop.train(_exp(steps=4, **kw), tmp_path / "cut", progress=False)
-  assert _same(whole["params"], resumed["params"])
+  assert _same(whole["params"], resumed["params"]) and _moved(_exp(steps=4, **kw), whole["params"]) > 1e-6
   a, b = _rows(tmp_path / "whole"), _rows(tmp_path / "cut")
   assert [r["step"] for r in a] == [r["step"] for r in b]
   for key in ("reward_mean", "loss", "async/batch_version", "async/staleness_max"):

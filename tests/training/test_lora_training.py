@@ -91,7 +91,7 @@ def test_a_resumed_lora_run_ends_with_the_same_adapters(mode, cache, tmp_path):
   "snapshot": an async run (staleness 1) whose checkpoint also holds the in-flight versions' policies.
   """
   over = dict(async_rl__max_staleness=1, async_rl__old_logprobs="snapshot", rl__tis_cap=2.0) if mode != "sync" else {}
-  exp = _lora_smoke(rl__steps=3, **over)
+  exp = _lora_smoke(rl__steps=3, rl__entropy_coef=0.01, **over)   # a gradient though every reward is 0
   threaded = mode != "sync"
   full = loop.train(exp, tmp_path / "full", progress=False, threaded=threaded)
   stopped = loop.train(dataclasses.replace(exp, stop_after_step=2), tmp_path / "killed", progress=False,
@@ -101,6 +101,7 @@ def test_a_resumed_lora_run_ends_with_the_same_adapters(mode, cache, tmp_path):
   assert lora.is_lora(resumed["params"])
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(lora.adapters_of(full["params"])),
                          jax.device_get(lora.adapters_of(resumed["params"])))
+  assert float(np.max(np.abs(np.asarray(lora.adapters_of(full["params"])["q"]["b"])))) > 0   # B starts at zero
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(lora.base_of(full["params"])),
                          jax.device_get(lora.base_of(resumed["params"])))
   with Checkpointer(tmp_path / "killed" / "checkpoints", save_every=1, keep=5) as ckpt:

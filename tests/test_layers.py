@@ -73,3 +73,10 @@ def test_sampling_imports_no_stage_above_it():
   """GENERATE's primitives know the model, kernels and sharding, not CONTROL, FILTER, REPLAY or the loop."""
   for path in sorted((PKG / "sampling").glob("*.py")):
     assert not _package_imports(path) & {"control", "rewards", "replay", "rollout", "training", "data"}, path.name
+
+
+def test_filter_grades_without_importing_tasks():
+  """FILTER's verifiers sit below the tasks that use them: a task's own verifier reaches a grader worker
+  as the pickled task, not by a lookup that imports `tasks` from inside `rewards`."""
+  for path in sorted((PKG / "rewards").glob("*.py")):
+    assert not _package_imports(path) & {"tasks", "data", "sampling", "rollout", "training"}, path.name

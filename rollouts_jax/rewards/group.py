@@ -130,7 +130,7 @@ class GroupScorer:
         if references is None or len(references) != B:
           raise ValueError(f"reward term {name!r} needs one reference per prompt.")
         if name == "task":
-          fn = functools.partial(_safe_task_reward if self.task.inline_safe else _task_reward, self.task.name)
+          fn = functools.partial(_safe_task_reward if self.task.inline_safe else _task_reward, self.task)
         else:
           fn = name
         flat_texts = [t for row in texts for t in row]
@@ -172,15 +172,15 @@ class GroupScorer:
     return np.stack([p[0] for p in pairs]).astype(np.float32)
 
 
-def _task_reward(task_name: str, text: str, reference: Any) -> float:
-  from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
-  return tasks.get(task_name).reward(text, reference)
+def _task_reward(task, text: str, reference: Any) -> float:
+  """The task's own verifier (`task` travels to the grader worker pickled, so FILTER imports no task module)."""
+  return task.reward(text, reference)
 
 
 @pool.mark_inline_safe
-def _safe_task_reward(task_name: str, text: str, reference: Any) -> float:
+def _safe_task_reward(task, text: str, reference: Any) -> float:
   """The reward of a task whose grader is pure Python over bounded text (may run in-process)."""
-  return _task_reward(task_name, text, reference)
+  return _task_reward(task, text, reference)
 
 
 def build_scorer(spec: str, task, *, timeout_s: float = 5.0, num_workers: int = 2, dare_alpha: float = 0.5,

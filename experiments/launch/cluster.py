@@ -12,9 +12,16 @@ One process of a real cluster (the same flags on every host, its own --process_i
       --num_rollout_processes=64 --num_trainer_processes=1 \
       --coordinator_address=host0:12345 --process_id=$RANK
 
-Processes 0 .. T-1 train, T .. T+R-1 roll out. The local launcher supervises its processes:
-when one dies (or is killed) it stops the others and, with --max_restarts > 0, starts the
-cluster again, which resumes from the last checkpoint. Named errors: the coordinator's port in
+Processes 0 .. T-1 train, T .. T+R-1 roll out. With T > 1 the trainers are data parallel (each
+batch's groups split between them; T must divide control.prompts_per_step), e.g. 2 + 2:
+
+  python -m experiments.launch.cluster --config=configs/default.py:smoke --workdir=/tmp/cluster22 \
+      --num_rollout_processes=2 --num_trainer_processes=2 --config.async_rl.max_staleness=1 \
+      --config.rl.tis_cap=2.0 --config.rl.steps=4
+
+The local launcher supervises its processes: when one dies (or is killed) it stops the others
+and, with --max_restarts > 0, starts the cluster again, which resumes from the last checkpoint.
+Named errors: the coordinator's port in
 use (CoordinatorAddressInUseError), a process that never joins within --join_timeout_s
 (ProcessNeverJoinedError), different configs across processes (ConfigMismatchAcrossProcessesError).
 Each process's output goes to <workdir>/logs/process_<id>.attempt<k>.log.

@@ -90,11 +90,11 @@ def pad_for_buffer(batch: RolloutBatch, example: RolloutBatch) -> RolloutBatch:
                        teacher_logprobs=None, **fields)
 
 
-def buffer_example(prompter, conf: sampling.SamplingConfig, fields) -> RolloutBatch:
-  """One group of the shape stored in a replay buffer: prompts padded to max_prompt_len's bucket, the
-  generation budget, entropies, and old log-probs where the generator sets them (`fields`)."""
-  P = sampling.bucket_length(prompter.max_prompt_len, prompter.buckets)
-  ex = RolloutBatch.empty(1, conf.num_samples, P, conf.max_new_tokens)
+def buffer_example(prompt_len: int, conf: sampling.SamplingConfig, fields=()) -> RolloutBatch:
+  """One group of the shape stored across steps (a replay buffer, APRIL's store): prompts padded to
+  `prompt_len` (the pool's bucket), the generation budget, entropies, and old log-probs where the
+  generator sets them (`fields`)."""
+  ex = RolloutBatch.empty(1, conf.num_samples, prompt_len, conf.max_new_tokens)
   more = {"entropy": np.zeros(ex.completion_ids.shape, np.float32)}
   if "old_logprobs" in fields:
     more["old_logprobs"] = np.zeros(ex.completion_ids.shape, np.float32)

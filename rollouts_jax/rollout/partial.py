@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from rollouts_jax import replay, sampling
-from rollouts_jax.rollout import generators
+from rollouts_jax.rollout import generators, groups
 from rollouts_jax.rollout.stats import padding_frac
 from rollouts_jax.types import RolloutBatch
 
@@ -51,8 +51,7 @@ def april(ctx: generators.GeneratorContext, *, over_provision: float = 0.5) -> g
   B, conf = ctx.batch_size, ctx.sampling
   N, T = conf.num_samples, conf.max_new_tokens
   requests = math.ceil(B * (1 + over_provision))
-  example = RolloutBatch.empty(1, N, ctx.prompt_len, T).replace(entropy=np.zeros((1, N, T), np.float32))
-  store = replay.partial_rollouts(requests, example)
+  store = replay.partial_rollouts(requests, groups.buffer_example(ctx.prompt_len, conf))
 
   def wants(state) -> int:
     return requests - int(np.asarray(jax.device_get(state.valid)).sum())
@@ -62,16 +61,16 @@ def april(ctx: generators.GeneratorContext, *, over_provision: float = 0.5) -> g
     got = jax.device_get(got)
     resumed = got.take(np.flatnonzero(np.asarray(got.prompt_index) >= 0))
     n_old, n_new = resumed.prompt_ids.shape[0], prompts.ids.shape[0]
-    groups = [resumed] if n_old else []
+    parts = [resumed] if n_old else []
     if n_new:
       ids, mask = sampling.left_pad_to(np.asarray(prompts.ids), np.asarray(prompts.mask), ctx.prompt_len,
                                        conf.pad_id)
       budget = np.full(n_new, N) if prompts.budget is None else np.asarray(prompts.budget)
-      groups.append(RolloutBatch.empty(n_new, N, ctx.prompt_len, T).replace(
+      parts.append(RolloutBatch.empty(n_new, N, ctx.prompt_len, T).replace(
           prompt_ids=ids.astype(np.int32), prompt_mask=mask.astype(bool),
           prompt_index=np.asarray(prompts.index, np.int32), sample_mask=np.arange(N) < budget[:, None],
           entropy=np.zeros((n_new, N, T), np.float32)))
-    req = jax.device_get(groups[0] if len(groups) == 1 else sampling.concat(groups))
+    req = jax.device_get(parts[0] if len(parts) == 1 else sampling.concat(parts))
     was = np.asarray(req.completion_mask)
     done_in = np.asarray(sampling.finished_rows(req.completion_ids, was, conf)) | ~np.asarray(req.sample_mask)
     # Prefix widths come in three buckets, so resumed steps compile at most three shapes.

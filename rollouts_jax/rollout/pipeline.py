@@ -93,6 +93,8 @@ class RolloutPipeline:
   task = property(lambda self: self.prompter.task, doc="The task of the prompts.")
   num_samples = property(lambda self: self.sampling_config.num_samples, doc="N, samples per prompt.")
   teacher = property(lambda self: (self.teacher_cfg or self.cfg, self.teacher_params), doc="(cfg, params).")
+  prompt_len = property(lambda self: sampling.bucket_length(self.prompter.max_prompt_len, self.prompter.buckets),
+                        doc="The width every prompt of the pool is padded to (its bucket).")
 
   @property
   def generator_context(self) -> generators.GeneratorContext:
@@ -100,8 +102,7 @@ class RolloutPipeline:
     return generators.GeneratorContext(
         cfg=self.cfg, sampling=self.sampling_config, num_prompts=len(self.examples), seed=self.seed,
         batch_size=self.batch_size, teacher=self.teacher if self.distill else None, env=self.env,
-        tokenizer=self.prompter.tokenizer, examples=self.examples,
-        prompt_len=sampling.bucket_length(self.prompter.max_prompt_len, self.prompter.buckets))
+        tokenizer=self.prompter.tokenizer, examples=self.examples, prompt_len=self.prompt_len)
 
   def init_state(self) -> PipelineState:
     return PipelineState(control=self.selector.init(), replay=self.buffer.init() if self.buffer else None,
@@ -109,7 +110,7 @@ class RolloutPipeline:
 
   def buffer_example(self) -> RolloutBatch:
     """The group shape stored in the replay buffer (`rollout.groups.buffer_example`)."""
-    return groups.buffer_example(self.prompter, self.sampling_config, self.generator.fields)
+    return groups.buffer_example(self.prompt_len, self.sampling_config, self.generator.fields)
 
   def presample_state(self, state: PipelineState, ref_params, key) -> tuple[PipelineState, dict[str, float]]:
     """PVPO's data pre-sampling before the first step (`rollout.reference.Reference.presample`)."""

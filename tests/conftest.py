@@ -52,3 +52,16 @@ def cache(tmp_path_factory):
   mp.setenv("ROLLOUTS_JAX_CACHE", str(root))
   yield root
   mp.undo()
+
+
+def moved_from_warm_start(exp, params) -> float:
+  """The largest change of any parameter of `params` (a tree) from `exp`'s warm start.
+
+  The smoke model's rewards are all zero, so its updates are zero unless a test adds a gradient
+  (an entropy bonus); a test that compares the params of two runs checks this is > 0 first.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rollouts_jax.training import loop  # pylint: disable=g-import-not-at-top
+  start = loop.load_policy(exp, loop.load_task(exp)[0])[1]
+  diffs = jax.tree_util.tree_map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), params, start)
+  return max(jax.tree_util.tree_leaves(diffs))

@@ -235,6 +235,15 @@ class _Key:
   impl: str
 
 
+def _global(tree, shardings):
+  """Values every trainer holds whole (a restored state, a received batch) as global arrays with `shardings`
+  (one sharding for every leaf, or a tree of them): each device takes its part of the local copy."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx, h=np.asarray(x): h[idx]), tree, shardings)
+
+
 def _device(tree):
   """The inverse of `_host` for state the pipeline keeps on device."""
   def leaf(x):
@@ -529,9 +538,7 @@ class _Trainer(_Side):
       self.state = state_from_disk(restored, dict(state, pipeline=restored["pipeline"]))
       pipeline = self.state.pop("pipeline")
       if self.mesh is not None:   # each trainer read a local copy: the train state back onto the trainers' mesh
-        self.state["train"] = jax.tree_util.tree_map(
-            lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx, h=np.asarray(x): h[idx]),
-            self.state["train"], self.state_shardings)
+        self.state["train"] = _global(self.state["train"], self.state_shardings)
       self.start, self.nonfinite_run, self.summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
       log.info("Resumed from step %d", self.start)
     self.logger.truncate_after(self.start if self.start else -1)
@@ -595,9 +602,7 @@ class _Trainer(_Side):
       host = host.replace(old_logprobs=old)
     batch = host
     if self.mesh is not None:   # every trainer holds the whole batch; each device takes its groups
-      rows = sharding.data_sharding(self.mesh)
-      batch = jax.tree_util.tree_map(
-          lambda x: jax.make_array_from_callback(np.shape(x), rows, lambda idx, x=np.asarray(x): x[idx]), host)
+      batch = _global(host, sharding.data_sharding(self.mesh))
     t1 = time.perf_counter()
     train_state, m = self.train_step(self.state["train"], batch, self.ref_params)
     if self.ewma is not None:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import moved_from_warm_start
 from rollouts_jax import models, sampling
 from rollouts_jax.models import batch_logprobs
 from rollouts_jax.rollout import source as source_lib
@@ -40,14 +41,8 @@ def _rows(workdir):
 
 
 # The smoke model's rewards are all zero; the entropy bonus gives every update a gradient, so comparing
-# params compares updates (`_moved` checks it).
+# params compares updates (`moved_from_warm_start` checks it).
 MOVES = {"rl.entropy_coef": 0.01}
-
-
-def _moved(exp, params) -> float:
-  start = loop.load_policy(exp, loop.load_task(exp)[0])[1]
-  return max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-             for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(start)))
 
 
 # -- the producer and the bound -------------------------------------------------------------------
@@ -125,7 +120,7 @@ def test_hub_drops_old_versions_and_wakes_waiters():
 def test_threaded_loop_at_staleness_0_is_the_synchronous_loop_bitwise(tmp_path):
   sync = loop.train(_exp(**MOVES), tmp_path / "sync", progress=False)
   threaded = loop.train(_exp(**MOVES), tmp_path / "threaded", progress=False, threaded=True)
-  assert _same(sync["params"], threaded["params"]) and _moved(_exp(**MOVES), sync["params"]) > 1e-6
+  assert _same(sync["params"], threaded["params"]) and moved_from_warm_start(_exp(**MOVES), sync["params"]) > 1e-6
   a, b = _rows(tmp_path / "sync"), _rows(tmp_path / "threaded")
   for key in ("reward_mean", "loss", "generated_tokens", "grad_norm"):
     assert [r.get(key) for r in a] == [r.get(key) for r in b], key
@@ -140,7 +135,7 @@ def test_async_run_resumes_to_the_uninterrupted_result(tmp_path):
   cut = loop.train(dataclasses.replace(_exp(steps=4, **kw), stop_after_step=2), tmp_path / "cut", progress=False)
   assert cut["stopped_at"] == 2
   resumed = loop.train(_exp(steps=4, **kw), tmp_path / "cut", progress=False)
-  assert _same(whole["params"], resumed["params"]) and _moved(_exp(steps=4, **kw), whole["params"]) > 1e-6
+  assert _same(whole["params"], resumed["params"]) and moved_from_warm_start(_exp(steps=4, **kw), whole["params"]) > 1e-6
   a, b = _rows(tmp_path / "whole"), _rows(tmp_path / "cut")
   assert [r["step"] for r in a] == [r["step"] for r in b]
   for key in ("reward_mean", "loss", "async/batch_version", "async/staleness_max"):

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import moved_from_warm_start
 from rollouts_jax.rollout import source as source_lib
 from rollouts_jax.training import config as config_lib, disaggregated, loop
 
@@ -48,17 +49,17 @@ def _launch(workdir, *args, timeout=600):
   return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
+def _latest(exp, workdir):
+  """The params of the run's latest checkpoint (a tree)."""
+  return loop.latest_params(exp, workdir, loop.load_policy(exp, loop.load_task(exp)[0])[1])
+
+
+def _flat(tree):
+  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def _params(exp, workdir):
-  template = loop.load_policy(exp, loop.load_task(exp)[0])[1]
-  got = loop.latest_params(exp, workdir, template)
-  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(got)[0]}
-
-
-def _moved(exp, params):
-  """The largest change of any parameter from the warm start (a comparison of params must compare updates)."""
-  start = loop.load_policy(exp, loop.load_task(exp)[0])[1]
-  flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(start)[0]}
-  return max(float(np.abs(params[k] - flat[k]).max()) for k in flat)
+  return _flat(_latest(exp, workdir))
 
 
 def _rows(workdir):
@@ -131,8 +132,8 @@ def test_one_rollout_one_trainer_synchronous_equals_one_process(tmp_path, cache)
   out = _launch(tmp_path / "two", "--config.rl.steps=2", MOVES)
   assert out.returncode == 0, out.stderr[-3000:]
   got = _params(exp, tmp_path / "two")
-  flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(ref["params"])[0]}
-  assert set(got) == set(flat) and _moved(exp, got) > 1e-5
+  flat = _flat(ref["params"])
+  assert set(got) == set(flat) and moved_from_warm_start(exp, ref["params"]) > 1e-5
   for k in flat:
     np.testing.assert_array_equal(got[k], flat[k], err_msg=k)
   assert [r["disagg/version_gap"] for r in _rows(tmp_path / "two")] == [0.0, 0.0]
@@ -148,7 +149,7 @@ def async_run(tmp_path_factory, cache):
   workdir = tmp_path_factory.mktemp("async")
   out = _launch(workdir, "--num_rollout_processes=2", *ASYNC)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert _moved(_exp(*ASYNC), _params(_exp(*ASYNC), workdir)) > 1e-5
+  assert moved_from_warm_start(_exp(*ASYNC), _latest(_exp(*ASYNC), workdir)) > 1e-5
   return workdir
 
 
@@ -205,8 +206,8 @@ def test_two_trainers_are_data_parallel_and_equal_one_process(tmp_path, cache):
   out = _launch(tmp_path / "two", "--num_trainer_processes=2", "--config.rl.steps=2", MOVES)
   assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
   got = _params(exp, tmp_path / "two")
-  flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(ref["params"])[0]}
-  assert set(got) == set(flat) and _moved(exp, got) > 1e-5
+  flat = _flat(ref["params"])
+  assert set(got) == set(flat) and moved_from_warm_start(exp, ref["params"]) > 1e-5
   for k in flat:
     np.testing.assert_allclose(got[k], flat[k], rtol=1e-5, atol=1e-7, err_msg=k)
   assert [r["step"] for r in _rows(tmp_path / "two")] == [1, 2]
@@ -226,7 +227,7 @@ def test_two_trainers_async_resume_after_a_trainer_is_killed_mid_step(tmp_path, 
   assert "Attempt 0: process 1 exited with code -9" in out.stdout
   exp = _exp(*ASYNC)
   want, got = _params(exp, tmp_path / "whole"), _params(exp, tmp_path / "cut")
-  assert _moved(exp, want) > 1e-5
+  assert moved_from_warm_start(exp, _latest(exp, tmp_path / "whole")) > 1e-5
   for k in want:
     np.testing.assert_array_equal(got[k], want[k], err_msg=k)
   assert [r["step"] for r in _rows(tmp_path / "cut")] == [1, 2, 3, 4]

@@ -277,6 +277,14 @@ REAL_STUDIES = {s.name: s for s in [
         miniature=_REAL + "; the base model's maj@8 (0.26) exceeds its pass@1 (0.155) on this task at this "
                           "temperature; votes over 8 samples on the training split (paper: 64 votes, 32 trained "
                           "on, on the test set: AIME / MATH-500)"),
+    dataclasses.replace(
+        STUDIES["brorl"], name="real_brorl",
+        metrics={**_REAL_EVAL, "train reward, last 10": "reward_last10", "informative groups": "informative_groups",
+                 **_COMPUTE},
+        rule="held if held-out pass@1 gain rises with N at 24 steps (n8 <= n32 <= n128, n128 - n8 above its "
+             "standard error) and n128 is at least n8 run for 4x the steps (96)",
+        miniature=_REAL.replace("24 RL steps of 8 prompts", "24 RL steps of 2 prompts (96 for n8_steps4)")
+        + " (paper: hundreds of prompts x N = 512 from a ProRL checkpoint, thousands of steps)"),
     Study(
         name="real_sol_rl", paper="Sol-RL (arXiv 2604.06916)",
         claim="Rollouts from an FP4 (NVFP4 or MXFP4) copy of the policy, with the full-precision update, reach "

@@ -41,8 +41,8 @@ CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if "def get_con
 # real-LM job's own config (smollm2_addition); the study arms built on it and its LoRA variant
 # (whose methods the small model's configs drive in the default suite) and its multi-turn
 # calculator run (an SFT of the real model first) run with `-m slow`.
-REAL_MODEL_ARMS = {"smollm2_lora", "repro_real_base", "repro_real_mc_grpo", "repro_real_opd", "repro_real_sol_rl",
-                   "repro_real_ttrl", "smollm2_calculator"}
+REAL_MODEL_ARMS = {"smollm2_lora", "repro_real_base", "repro_real_brorl", "repro_real_mc_grpo", "repro_real_opd",
+                   "repro_real_sol_rl", "repro_real_ttrl", "smollm2_calculator"}
 # Study arms whose method a default-suite config already drives through the loop (april_parity's
 # APRIL arm is countdown_april's generator on the miniature) also run with `-m slow`.
 STUDY_ARMS = {"april_parity"}

@@ -304,6 +304,9 @@ REAL_METHODS = {
     # Budgets that change what is decoded (two phases within a step).
     "xrpo": ["--config.control.name=xrpo", "--config.control.kwargs=budget_fraction=0.5"],
     "pilot_commit": ["--config.control.name=pilot_commit"],
+    # PVPO as the paper runs it: every training prompt pre-sampled 8 times by the initial policy
+    # (counted as the method's rollouts and tokens), its selector and its static-anchor advantage.
+    "pvpo": ["--config.control.name=pvpo", "--config.rl.advantage=pvpo", "--config.reward.ref_samples=8"],
 }
 # Rollouts per step as a share of uniform's, for giving a method the steps that spend about
 # uniform's tokens (`--equal_tokens`); Pilot-Commit's share varies, so this is its upper estimate
@@ -343,7 +346,10 @@ def real_main(args):
     steps = [r for r in recs if "informative_groups" in r]
     summary = json.loads((workdir / "summary.json").read_text()) if (workdir / "summary.json").exists() else {}
     summary.pop("plots", None)   # local paths
+    pre = next((r for r in recs if "ref/presample_rollouts" in r), {})
     out["methods"][method] = {
+        "presample_rollouts": pre.get("ref/presample_rollouts", 0.0),
+        "presample_tokens": pre.get("ref/presample_generated_tokens", 0.0),
         "informative_groups": [r["informative_groups"] for r in steps],
         "reward_mean_sampled": [r.get("reward_mean_sampled", r["reward_mean"]) for r in steps],
         "rollouts": [r.get("rollouts_budget", r.get("rollouts", 0.0)) for r in steps],
@@ -375,9 +381,13 @@ def real_report(out):
   ok = {m: r for m, r in out["methods"].items() if "error" not in r}
   if not ok:
     return
-  equal = min(float(np.sum(r["rollouts"])) for r in ok.values())
+  # A method's spend includes what it decodes before the first step (PVPO's pre-sampling).
+  def spent(r, key, pre):
+    return r.get(pre, 0.0) + np.cumsum(np.asarray(r[key], float))
+  equal = min(float(spent(r, "rollouts", "presample_rollouts")[-1]) for r in ok.values())
   with_tokens = all(r.get("generated_tokens") for r in ok.values())
-  equal_tok = min(float(np.sum(r["generated_tokens"])) for r in ok.values()) if with_tokens else 0.0
+  equal_tok = (min(float(spent(r, "generated_tokens", "presample_tokens")[-1]) for r in ok.values())
+               if with_tokens else 0.0)
   lines = [f"Real loop: `{out['config']}` {' '.join(out.get('extra') or [])}, {out['steps']} RL steps "
            f"({'scaled per method to spend about uniform' + chr(39) + 's tokens' if out.get('equal_tokens') else 'per method'}), "
            f"seed {out['seed']}. Equal rollouts = {equal:.0f} (the smallest total over the methods)"
@@ -387,7 +397,7 @@ def real_report(out):
            "pass@1 before -> after (all steps) |",
            "|---|---|---|---|---|---|---|"]
   for m, r in ok.items():
-    cum = np.cumsum(r["rollouts"])
+    cum = spent(r, "rollouts", "presample_rollouts")
     n = max(1, int(np.searchsorted(cum, equal, side="right")))
     rew = float(np.mean(r["reward_mean_sampled"][max(0, n - 10):n]))
     info = float(np.mean(r["informative_groups"][:n]))
@@ -400,7 +410,8 @@ def real_report(out):
     if with_tokens and r.get("evals"):
       # The last evaluation at or before the step where the method's tokens reach the equal total
       # (within 1%: a run that ends that close to it counts as reaching it at its end).
-      n_tok = max(1, int(np.searchsorted(np.cumsum(tok), equal_tok * 1.01, side="right")))
+      n_tok = max(1, int(np.searchsorted(spent(r, "generated_tokens", "presample_tokens"), equal_tok * 1.01,
+                                         side="right")))
       evals = [(int(st), float(v)) for st, v in r["evals"] if int(st) <= n_tok]
       if after is not None and n_tok >= len(tok):
         evals.append((len(tok), float(after)))
@@ -408,6 +419,10 @@ def real_report(out):
         at_eq = f"{evals[-1][1]:.3f} ({evals[-1][0]})"
     lines.append(f"| {m} | {info:.3f} | {rew:.3f} | {cum[-1]:.0f} | {np.nanmean(tok):.0f} | {at_eq} | {ev} |")
     r["at_equal_rollouts"] = {"steps": n, "informative_groups": info, "reward_mean_sampled_last10": rew}
+  for m, r in ok.items():
+    if r.get("presample_rollouts"):
+      lines.append(f"\n{m}: its totals and equal-budget points include {r['presample_rollouts']:.0f} rollouts "
+                   f"({r.get('presample_tokens', 0.0):.0f} tokens) pre-sampled before the first step.")
   (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
   (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1, default=str))
   print("\n".join(lines))

@@ -57,6 +57,7 @@ class Reference:
     rb = sampling.from_samples(ids, mask, out, prompt_index=prompts, policy_version=0)
     r, _ = self.score(rb, examples, StepStats())
     stats.add("ref/rollouts", float(self.samples * len(prompts)))
+    stats.add("ref/generated_tokens", float(np.sum(jax.device_get(rb.lengths))))
     return np.asarray(r)
 
   def attach(self, batch: RolloutBatch, ref: RefRewards, ref_params, step: int, key,
@@ -97,7 +98,9 @@ class Reference:
       ctl = selector.update(ctl, plan, zeros, zeros.astype(bool), ref_rewards_BxM=r.astype(np.float32),
                             ref_mask_BxM=np.ones(r.shape, bool))
     acc = (table > 0.5).mean(axis=1)
-    info = {"ref/presample_rollouts": stats.get("ref/rollouts"), "ref/presample_solved_frac": float((acc >= 1).mean()),
+    info = {"ref/presample_rollouts": stats.get("ref/rollouts"),
+            "ref/presample_generated_tokens": stats.get("ref/generated_tokens"),
+            "ref/presample_solved_frac": float((acc >= 1).mean()),
             "ref/presample_unsolved_frac": float((acc <= 0).mean()), "ref/presample_reward_mean": float(table.mean())}
     log.info("PVPO pre-sampling: %d reference rollouts; %.0f%% of the prompts always solved, %.0f%% never.",
              info["ref/presample_rollouts"], 100 * info["ref/presample_solved_frac"],

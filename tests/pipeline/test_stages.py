@@ -298,6 +298,7 @@ def test_pvpo_presamples_every_prompt_before_training_and_skips_solved_and_unsol
   monkeypatch.setattr(rewards.GroupScorer, "__call__", by_prompt)
   state, info = p.presample_state(p.init_state(), params, jax.random.key(0))
   assert calls == [4, 4, 4] and info["ref/presample_rollouts"] == 36          # 12 prompts x 3, B = 4 at a time
+  assert 0 < info["ref/presample_generated_tokens"] <= 36 * exp.rollout.max_new_tokens   # counted, as a step's are
   assert info["ref/presample_solved_frac"] == pytest.approx(1 / 3)
   assert info["ref/presample_unsolved_frac"] == pytest.approx(1 / 3)
   assert (np.asarray(state.ref.step) == 0).all() and (np.asarray(state.control.ref_count) == 3).all()

@@ -27,6 +27,9 @@ SCRIPT = REPO / "experiments" / "benchmarks" / "bench_gpu.py"
 
 
 bench = load_script("benchmarks.bench_gpu")
+# The sections' modules (`experiments/benchmarks/gpu/`).
+common, matmul, sampler, rl_mod = (load_script(f"benchmarks.gpu.{m}")
+                                   for m in ("common", "matmul", "sampler", "rl_step"))
 
 
 def _close(a, b, rel=1e-9):
@@ -85,7 +88,7 @@ def matmul_dry_run(tmp_path_factory):
 
 def test_dry_run_json_is_marked_and_matches_what_main_returns(matmul_dry_run):
   data, on_disk = matmul_dry_run
-  assert on_disk == json.loads(json.dumps(bench._jsonable(data)))
+  assert on_disk == json.loads(json.dumps(common._jsonable(data)))
   assert on_disk["dry_run"] is True and "not GPU" in on_disk["claims"]
   assert on_disk["env"]["backend"] == "cpu"
   assert on_disk["sections"]["matmul"]["status"] == "done"
@@ -113,28 +116,28 @@ def test_dry_run_matmul_matches_reference_and_its_numbers_agree(matmul_dry_run):
 
 
 def test_kv_cache_bytes_equal_the_model_cache():
-  cfg = bench.qwen05b_config(tiny=True)
+  cfg = common.qwen05b_config(tiny=True)
   cache = models.init_cache(cfg, 6, 40, jnp.bfloat16)
-  assert bench.kv_cache_bytes(cfg, 6, 40, 2) == cache.k.nbytes + cache.v.nbytes
+  assert sampler.kv_cache_bytes(cfg, 6, 40, 2) == cache.k.nbytes + cache.v.nbytes
 
 
 def test_kv_read_per_step_is_the_mean_over_steps_of_prompt_and_generated_caches():
-  cfg = bench.qwen05b_config(tiny=True)
+  cfg = common.qwen05b_config(tiny=True)
   B, N, P, T = 3, 5, 7, 11
-  per_step = [bench.kv_cache_bytes(cfg, B, P, 2) + bench.kv_cache_bytes(cfg, B * N, t, 2) for t in range(T)]
-  assert _close(bench.kv_read_bytes_per_step(cfg, B, N, P, T, 2), sum(per_step) / T)
+  per_step = [sampler.kv_cache_bytes(cfg, B, P, 2) + sampler.kv_cache_bytes(cfg, B * N, t, 2) for t in range(T)]
+  assert _close(sampler.kv_read_bytes_per_step(cfg, B, N, P, T, 2), sum(per_step) / T)
 
 
 def test_error_text_drops_machine_paths():
   text = f"NameError: at {SCRIPT}:12 and /opt/x/lib/python3.12/site-packages/jax/a.py"
-  assert bench._scrub(text) == "NameError: at experiments/benchmarks/bench_gpu.py:12 and jax/a.py"
+  assert common._scrub(text) == "NameError: at experiments/benchmarks/bench_gpu.py:12 and jax/a.py"
 
 
 def test_real_size_model_is_qwen25_05b():
-  cfg = bench.qwen05b_config(tiny=False)
+  cfg = common.qwen05b_config(tiny=False)
   # Qwen2.5-0.5B has 494M parameters (tied embeddings, QKV bias).
   assert round(cfg.num_params() / 1e6) == 494
-  shapes = bench.layer_shapes(cfg)
+  shapes = common.layer_shapes(cfg)
   assert shapes == {(896, 896): ["q", "o"], (896, 128): ["k", "v"], (896, 4864): ["gate", "up"],
                     (4864, 896): ["down"]}
 
@@ -143,7 +146,7 @@ def test_real_size_model_is_qwen25_05b():
 @pytest.mark.parametrize("m,k,n", [(1, 896, 128), (128, 896, 4864), (8, 4864, 896)])
 def test_sweep_candidates_obey_the_triton_rules_and_need_no_padding(fmt, m, k, n):
   block = {"nvfp4": 16, "mxfp4": 32}[fmt]
-  cands = bench.sweep_candidates(m, k, n, fmt, limit=8)
+  cands = matmul.sweep_candidates(m, k, n, fmt, limit=8)
   assert 1 < len(cands) <= 8
   assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
   for c in cands:
@@ -156,9 +159,9 @@ def test_sweep_candidates_obey_the_triton_rules_and_need_no_padding(fmt, m, k, n
 def test_checked_call_names_a_changed_signature():
   def rl_step(state, batch, ref, *, cfg, rl):
     return state + batch
-  assert bench.checked_call(rl_step, "rl_step", "(...)", 1, 2, None, cfg=0, rl=0) == 3
-  with pytest.raises(bench.TrainingAPIChanged, match=r"rl_step changed.*signature is now rl_step\(state, batch"):
-    bench.checked_call(rl_step, "rl_step", "(...)", 1, 2, None, cfg=0, rl=0, temperature=1.0)
+  assert rl_mod.checked_call(rl_step, "rl_step", "(...)", 1, 2, None, cfg=0, rl=0) == 3
+  with pytest.raises(rl_mod.TrainingAPIChanged, match=r"rl_step changed.*signature is now rl_step\(state, batch"):
+    rl_mod.checked_call(rl_step, "rl_step", "(...)", 1, 2, None, cfg=0, rl=0, temperature=1.0)
 
 
 def test_build_batch_fills_old_and_new_field_names_and_rejects_unknown_required_ones():
@@ -185,10 +188,10 @@ def test_build_batch_fills_old_and_new_field_names_and_rejects_unknown_required_
   data = {"prompt_ids": "P", "completion_ids": "C", "logprobs": "LP", "ones_BxN": "1", "entropy": "E"}
   data.update({k: None for k in ("prompt_mask", "completion_mask", "rewards", "zeros_BxN", "zeros_BxNxT",
                                  "prompt_index")})
-  assert bench.build_batch(Old, data) == Old("P", "C", "LP", "1")
-  assert bench.build_batch(New, data) == New("P", "C", "LP", "1", "E")
-  with pytest.raises(bench.TrainingAPIChanged, match=r"new required: \['advantages'\]"):
-    bench.build_batch(Unknown, data)
+  assert rl_mod.build_batch(Old, data) == Old("P", "C", "LP", "1")
+  assert rl_mod.build_batch(New, data) == New("P", "C", "LP", "1", "E")
+  with pytest.raises(rl_mod.TrainingAPIChanged, match=r"new required: \['advantages'\]"):
+    rl_mod.build_batch(Unknown, data)
 
 
 def test_imports_work_without_the_packages_the_gpu_image_lacks():
@@ -201,8 +204,9 @@ def test_imports_work_without_the_packages_the_gpu_image_lacks():
       "      raise ImportError('blocked ' + name)\n"
       "sys.meta_path.insert(0, B())\n"
       "from experiments.benchmarks import bench_gpu\n"
-      "cfg, info = bench_gpu.default_small_config()\n"
-      "bench_gpu.training_api()\n"
+      "from experiments.benchmarks.gpu import common, rl_step\n"
+      "cfg, info = common.default_small_config()\n"
+      "rl_step.training_api()\n"
       "from rollouts_jax import sampling, models\n"
       "print(cfg.vocab_size, cfg.hidden_size)\n")
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
@@ -218,7 +222,7 @@ def test_full_dry_run_has_every_section_and_consistent_numbers(tmp_path):
   bench.main(["--dry_run", f"--out={out}"])
   data = json.loads(out.read_text())
   bw = data["hbm_bandwidth_bytes_per_s"]
-  for name in bench.SECTIONS:
+  for name in common.SECTIONS:
     sec = data["sections"][name]
     assert sec["status"] == "done", (name, sec["status"], sec["errors"][:2], sec["skipped"][:2])
     assert sec["records"], name

@@ -49,6 +49,7 @@ import time
 import numpy as np
 
 from experiments.studies import harness
+from rollouts_jax import tasks
 
 RESULTS = harness.RESULTS
 
@@ -315,13 +316,22 @@ REAL_METHODS = {
 ROLLOUT_SHARE = {"xrpo": 0.5, "pilot_commit": 0.75 * 0.25 + 0.25}
 
 
+def _portable(text: str) -> str:
+  """A run's flag as results record it: the machine's cache folder written `<cache>`.
+
+  >>> _portable(f"--config.model.path={tasks.cache_root()}/warmstart/x")
+  '--config.model.path=<cache>/warmstart/x'
+  """
+  return text.replace(str(tasks.cache_root()), "<cache>")
+
+
 def real_main(args):
   RESULTS.mkdir(parents=True, exist_ok=True)
   root = pathlib.Path(args.workdir_root).resolve()
   path = RESULTS / f"control_real{'_' + args.tag if args.tag else ''}.json"
   out = json.loads(path.read_text()) if path.exists() else {"mode": "real", "methods": {}}
   out.update({"config": os.path.relpath(args.config, harness.REPO), "steps": args.steps, "seed": args.seed,
-              "tag": args.tag, "extra": args.extra, "equal_tokens": args.equal_tokens})
+              "tag": args.tag, "extra": [_portable(e) for e in args.extra], "equal_tokens": args.equal_tokens})
   for method in args.methods:
     if method not in REAL_METHODS:
       print(f"{method}: no real-loop recipe here (see REAL_METHODS).")

@@ -57,7 +57,7 @@ from rollouts_jax.io.plots import plot_curves
 from rollouts_jax.rollout import generators
 from rollouts_jax.rollout import source as source_lib
 from rollouts_jax.rollout.source import ParamsHub, batch_version, copy_tree
-from rollouts_jax.training import workdir as workdir_lib
+from rollouts_jax.training import placement as placement_lib, workdir as workdir_lib
 from rollouts_jax.training.build import build_pipeline, evaluator, load_policy, load_task
 from rollouts_jax.training.config import ExperimentConfig
 from rollouts_jax.training.loop import (TrainingStopped, make_train_step, state_from_disk, state_on_disk,
@@ -233,15 +233,6 @@ def _host(tree):
 class _Key:
   data: np.ndarray
   impl: str
-
-
-def _global(tree, shardings):
-  """Values every trainer holds whole (a restored state, a received batch) as global arrays with `shardings`
-  (one sharding for every leaf, or a tree of them): each device takes its part of the local copy."""
-  if isinstance(shardings, jax.sharding.Sharding):
-    shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
-  return jax.tree_util.tree_map(
-      lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx, h=np.asarray(x): h[idx]), tree, shardings)
 
 
 def _device(tree):
@@ -538,7 +529,7 @@ class _Trainer(_Side):
       self.state = state_from_disk(restored, dict(state, pipeline=restored["pipeline"]))
       pipeline = self.state.pop("pipeline")
       if self.mesh is not None:   # each trainer read a local copy: the train state back onto the trainers' mesh
-        self.state["train"] = _global(self.state["train"], self.state_shardings)
+        self.state["train"] = placement_lib.to_global(self.state["train"], self.state_shardings)
       self.start, self.nonfinite_run, self.summary = meta["rl_step"], meta["nonfinite_run"], meta["summary"]
       log.info("Resumed from step %d", self.start)
     self.logger.truncate_after(self.start if self.start else -1)
@@ -602,7 +593,7 @@ class _Trainer(_Side):
       host = host.replace(old_logprobs=old)
     batch = host
     if self.mesh is not None:   # every trainer holds the whole batch; each device takes its groups
-      batch = _global(host, sharding.data_sharding(self.mesh))
+      batch = placement_lib.to_global(host, sharding.data_sharding(self.mesh))
     t1 = time.perf_counter()
     train_state, m = self.train_step(self.state["train"], batch, self.ref_params)
     if self.ewma is not None:

@@ -81,6 +81,16 @@ def abstract(tree):
   return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
+def to_global(tree, shardings):
+  """Values every process holds whole (host arrays, process-local arrays) as global arrays with
+  `shardings` (one sharding for every leaf, or a tree of them): each device takes its part of the
+  local copy. Orbax saves, and a multi-process program computes on, only global arrays."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx, h=np.asarray(x): h[idx]), tree, shardings)
+
+
 def replicated(tree, mesh):
   """Process-local arrays as replicated global ones (orbax saves only global arrays across processes).
 
@@ -89,15 +99,9 @@ def replicated(tree, mesh):
   """
   if jax.process_count() == 1:
     return tree
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-  def to_global(x):
-    if not isinstance(x, jax.Array) or not x.is_fully_addressable:
-      return x
-    host = np.asarray(x)
-    return jax.make_array_from_callback(host.shape, replicated, lambda idx: host[idx])
-
-  return jax.tree_util.tree_map(to_global, tree)
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.tree_util.tree_map(
+      lambda x: to_global(x, whole) if isinstance(x, jax.Array) and x.is_fully_addressable else x, tree)
 
 
 def local(tree):

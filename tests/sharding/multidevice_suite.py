@@ -445,3 +445,20 @@ def test_colocated_roles_and_bad_splits():
   assert fill.train_mesh.devices.size == 6 and fill.rollout_mesh.devices.size == 2
   with pytest.raises(ValueError, match=r"need 10 devices but 8 are available"):
     sh.RolloutTrainMeshes.create(sh.MeshConfig((2, 2, 2), "fsdp", (2, 1, 1)))
+
+
+def test_to_global_gives_each_device_its_part_of_the_host_copy():
+  """`placement.to_global` (a restored state, a received batch): each device holds its slice of the whole value."""
+  from rollouts_jax.training import placement
+  mesh = mesh_of((2, 4, 1))
+  host = {"w": np.arange(8 * 8, dtype=np.float32).reshape(8, 8), "b": np.arange(4, dtype=np.int32)}
+  specs = {"w": NamedSharding(mesh, P("data", "fsdp")), "b": NamedSharding(mesh, P())}
+  got = placement.to_global(host, specs)
+  assert not got["w"].is_fully_replicated and got["b"].is_fully_replicated
+  for name, x in got.items():
+    assert x.sharding == specs[name]
+    for shard in x.addressable_shards:
+      np.testing.assert_array_equal(np.asarray(shard.data), host[name][shard.index])
+  one = placement.to_global(host, NamedSharding(mesh, P()))     # one sharding for every leaf
+  assert all(x.is_fully_replicated for x in one.values())
+  np.testing.assert_array_equal(np.asarray(one["w"]), host["w"])

@@ -403,7 +403,7 @@ def real_report(out):
            f"seed {out['seed']}. Equal rollouts = {equal:.0f} (the smallest total over the methods)"
            + (f"; equal generated tokens = {equal_tok:.0f}." if with_tokens else "."), "",
            "| method | informative groups (trained batch, mean) | sampled reward, last 10 steps within equal "
-           "rollouts | total rollouts | decoded tokens / step | pass@1 at equal tokens (step) | "
+           "rollouts | total rollouts | decoded tokens / step | pass@1 at equal tokens (step, its tokens / equal) | "
            "pass@1 before -> after (all steps) |",
            "|---|---|---|---|---|---|---|"]
   for m, r in ok.items():
@@ -418,15 +418,14 @@ def real_report(out):
     tok = np.asarray(r.get("generated_tokens") or [np.nan], float)
     at_eq = "n/a"
     if with_tokens and r.get("evals"):
-      # The last evaluation at or before the step where the method's tokens reach the equal total
-      # (within 1%: a run that ends that close to it counts as reaching it at its end).
-      n_tok = max(1, int(np.searchsorted(spent(r, "generated_tokens", "presample_tokens"), equal_tok * 1.01,
-                                         side="right")))
-      evals = [(int(st), float(v)) for st, v in r["evals"] if int(st) <= n_tok]
-      if after is not None and n_tok >= len(tok):
-        evals.append((len(tok), float(after)))
-      if evals:
-        at_eq = f"{evals[-1][1]:.3f} ({evals[-1][0]})"
+      # The evaluation whose step spent the tokens closest to the equal total (either side; evaluations
+      # are every few steps), with that step and its tokens as a share of the total.
+      spent_tok = np.concatenate([[r.get("presample_tokens", 0.0)], spent(r, "generated_tokens", "presample_tokens")])
+      evals = {int(st): float(v) for st, v in r["evals"]}
+      if after is not None:
+        evals[len(tok)] = float(after)
+      st = min(evals, key=lambda st: abs(spent_tok[min(st, len(tok))] - equal_tok))
+      at_eq = f"{evals[st]:.3f} ({st}, {spent_tok[min(st, len(tok))] / equal_tok:.0%})"
     lines.append(f"| {m} | {info:.3f} | {rew:.3f} | {cum[-1]:.0f} | {np.nanmean(tok):.0f} | {at_eq} | {ev} |")
     r["at_equal_rollouts"] = {"steps": n, "informative_groups": info, "reward_mean_sampled_last10": rew}
   for m, r in ok.items():

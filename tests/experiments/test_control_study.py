@@ -19,6 +19,7 @@ def test_real_report_counts_pvpo_pre_sampling_in_the_equal_budget(tmp_path, monk
       "uniform": _method(4, 100.0, 1000.0, 0.5),
       # 4 steps of 100 after 200 pre-sampled rollouts: 600 spent in all, uniform's 400 is the equal budget.
       "pvpo": _method(4, 100.0, 1000.0, 0.6, presample_rollouts=200.0, presample_tokens=2000.0)}}
+  out["methods"]["pvpo"]["evals"] = [(0, 0.4), (1, 0.45), (3, 0.55)]   # its steps spend 1000 tokens each
   control.real_report(out)
   md = (tmp_path / "control_real_t.md").read_text()
   assert "Equal rollouts = 400" in md and "equal generated tokens = 4000" in md
@@ -27,8 +28,10 @@ def test_real_report_counts_pvpo_pre_sampling_in_the_equal_budget(tmp_path, monk
   doc = json.loads((tmp_path / "control_real_t.json").read_text())
   assert doc["methods"]["pvpo"]["at_equal_rollouts"]["steps"] == 2        # 200 + 2 x 100 = 400
   assert doc["methods"]["uniform"]["at_equal_rollouts"]["steps"] == 4
-  # uniform reaches the equal tokens at its end (its final pass@1); PVPO only at step 2 (no eval there: step 0's).
-  assert "0.500 (4)" in rows["uniform"] and "0.400 (0)" in rows["pvpo"]
+  # The evaluation nearest the equal tokens (4000): uniform's final one (4000, 100%). PVPO's evaluations spent
+  # 2000 (step 0: its pre-sampling), 3000 (1), 5000 (3) and 6000 (4, final): steps 1 and 3 are 1000 away, the
+  # earlier is taken.
+  assert "0.500 (4, 100%)" in rows["uniform"] and "0.450 (1, 75%)" in rows["pvpo"]
   assert "200 rollouts (2000 tokens) pre-sampled" in md
 
 

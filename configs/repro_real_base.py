@@ -16,6 +16,7 @@ r"""The real-model form of the reproduction studies: SmolLM2-135M-Instruct on ch
   python -m experiments.launch.train --config=configs/repro_real_mc_grpo.py:g2_median --workdir=/tmp/real_mc
 """
 
+import copy
 import math
 import os
 import runpy
@@ -56,16 +57,13 @@ def study_config(study, arg):
   arms = runpy.run_path(os.path.join(_HERE, f"repro_{study}.py"))["ARMS"]
   arm, smoke = _MINIATURE["parse_arm"](arg, arms)
   config = get_config("smoke" if smoke else None)
-  steps = config.rl.steps
+  first = copy.deepcopy(config)
   arms[arm](config)
   # The base's steps stand for the miniature's first arm's: an arm that sets its own number of
   # steps (BroRL's 60 and 240) runs the same multiple of the base's here (24 and 96).
-  first = get_config("smoke" if smoke else None)
+  steps = first.rl.steps
   arms[next(iter(arms))](first)
-  if config.rl.steps != first.rl.steps:
-    config.rl.steps = steps * config.rl.steps // first.rl.steps
-  else:
-    config.rl.steps = steps
+  config.rl.steps = steps * config.rl.steps // first.rl.steps
   # Micro-batches only split the sums of a minibatch (the update is the same): an arm whose
   # rows (prompts x samples) are not a multiple of the base's micro-batch gets the largest that
   # divides them (MC-GRPO's 3-sample groups: 24 rows, micro-batches of 8).

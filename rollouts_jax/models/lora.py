@@ -70,8 +70,10 @@ class LoraWeight:
     return self.w.dtype
 
 
-def _is_lora(x) -> bool:
+def is_lora_weight(x) -> bool:
+  """Whether `x` is a projection's weight with adapters (a `LoraWeight` node)."""
   return isinstance(x, LoraWeight)
+
 
 
 def parse_targets(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -185,21 +187,21 @@ def apply(base: Params, adapters: Adapters, alpha: float, rank: int) -> Params:
 def is_lora(params: Any) -> bool:
   """Whether a params tree carries adapters (`LoraWeight` nodes)."""
   return isinstance(params, Mapping) and isinstance(params.get("layers"), Mapping) and any(
-      _is_lora(w) for w in params["layers"].values())
+      is_lora_weight(w) for w in params["layers"].values())
 
 
 def adapters_of(params: Params) -> Adapters:
   """The adapters of a policy tree ({} without LoRA)."""
   if not is_lora(params):
     return {}
-  return {n: {"a": w.a, "b": w.b} for n, w in params["layers"].items() if _is_lora(w)}
+  return {n: {"a": w.a, "b": w.b} for n, w in params["layers"].items() if is_lora_weight(w)}
 
 
 def base_of(params: Params) -> Params:
   """The base params of a policy tree (the tree itself without LoRA)."""
   if not is_lora(params):
     return params
-  return dict(params, layers={n: w.w if _is_lora(w) else w for n, w in params["layers"].items()})
+  return dict(params, layers={n: w.w if is_lora_weight(w) else w for n, w in params["layers"].items()})
 
 
 def merged(params: Params) -> Params:
@@ -219,7 +221,7 @@ def merged(params: Params) -> Params:
     return params
   layers = {}
   for n, w in params["layers"].items():
-    if _is_lora(w):
+    if is_lora_weight(w):
       w = (w.w.astype(jnp.float32) + _delta(w.a, w.b, w.scale)).astype(w.w.dtype)
     layers[n] = w
   return dict(params, layers=layers)
@@ -236,7 +238,7 @@ def sampling_params(params: Params) -> Params:
     return params
   layers = {}
   for n, w in params["layers"].items():
-    if _is_lora(w) and getattr(w.w, "dtype", None) == jnp.float32:
+    if is_lora_weight(w) and getattr(w.w, "dtype", None) == jnp.float32:
       w = w.w + _delta(w.a, w.b, w.scale)
     layers[n] = w
   return dict(params, layers=layers)

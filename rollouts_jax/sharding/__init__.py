@@ -30,7 +30,7 @@ Modules (every public name is re-exported here, so `sharding.make_mesh` etc. wor
 
 - `rules`: logical-axis rules, the presets, `logical_to_spec`.
 - `mesh`: `make_mesh`, `MeshConfig`, `RolloutTrainMeshes`, `describe`.
-- `partition`: parameter / optimizer-state / batch shardings, `shard_params`,
+- `partition`: parameter / optimizer-state / batch shardings (`policy_shardings` for LoRA), `shard_params`,
   `sharded_init`, `init_sharded_state`, `jit_sharded_step`, `use_rules` / `constrain`, `handoff`.
 - `distributed`: `initialize_distributed`, `define_distributed_flags`.
 - `checkpoint_io`: `save_sharded`, `restore_sharded`, `abstract_tree` (orbax).
@@ -44,7 +44,8 @@ from rollouts_jax.sharding.mesh import MeshConfig, RolloutTrainMeshes, describe,
 from rollouts_jax.sharding.partition import (ShardingContext, abstract_params, constrain, constrain_kv_cache,
                                              current_context, data_sharding, handoff, init_sharded_opt_state,
                                              init_sharded_state,
-                                             jit_sharded_step, param_shardings, param_specs, process_batch_slice,
+                                             jit_sharded_step, param_shardings, param_specs, policy_shardings,
+                                             process_batch_slice,
                                              shard_batch, shard_params, sharded_init, tree_shardings_like,
                                              use_rules)
 from rollouts_jax.sharding.rules import AXIS_NAMES, BATCH_AXES, PRESETS, MeshAxes, Rules, get_rules, logical_to_spec
@@ -54,6 +55,6 @@ __all__ = [
     "RolloutTrainMeshes", "Rules", "ShardingContext", "abstract_params", "abstract_tree", "constrain",
     "constrain_kv_cache", "current_context", "data_sharding", "define_distributed_flags", "describe",
     "get_rules", "handoff", "init_sharded_opt_state", "init_sharded_state", "initialize_distributed", "jit_sharded_step",
-    "logical_to_spec", "make_mesh", "param_shardings", "param_specs", "process_batch_slice", "restore_sharded",
+    "logical_to_spec", "make_mesh", "param_shardings", "param_specs", "policy_shardings", "process_batch_slice", "restore_sharded",
     "save_sharded", "shard_batch", "shard_params", "sharded_init", "tree_shardings_like", "use_rules",
 ]

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from rollouts_jax.sharding.partition import handoff, param_shardings, use_rules
+from rollouts_jax.sharding.partition import handoff, param_shardings, policy_shardings, use_rules
 from rollouts_jax.sharding.rules import AXIS_NAMES, PRESETS, Rules, get_rules
 
 def _resolve_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
@@ -187,8 +187,9 @@ class RolloutTrainMeshes:
     return use_rules(self.rollout_mesh, self.rollout_rules)
 
   def to_rollout(self, cfg, params: Any, dtype=None) -> Any:
-    """Hands training params to the rollout mesh (identity when colocated with the same rules)."""
-    return handoff(params, self.rollout_shardings(cfg), dtype=dtype)
+    """Hands training params (a LoRA policy too: base and adapters) to the rollout mesh (identity when
+    colocated with the same rules)."""
+    return handoff(params, policy_shardings(self.rollout_shardings(cfg), params), dtype=dtype)
 
 
 def describe(mesh: Mesh) -> str:

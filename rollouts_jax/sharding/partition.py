@@ -94,6 +94,46 @@ def param_shardings(cfg, mesh: Mesh, rules: Rules) -> Any:
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
+def policy_shardings(params_shardings: Any, policy: Any) -> Any:
+  """The shardings of a policy tree: `params_shardings` itself, or with LoRA adapters (`models.lora`)
+  a `LoraWeight` of shardings at every adapted projection.
+
+  The base weight W [L, in, out] keeps its parameter's sharding; the down adapter A [L, in, r]
+  is split like W's input dimension and the up adapter B [L, r, out] like W's output dimension,
+  with the rank replicated. Then `x @ A` needs the same collectives as `x @ W`, and the merged
+  `W + s A B` (the sampler's) lands on W's sharding without a reshard.
+
+  Args:
+    params_shardings: the base params' shardings (e.g. `param_shardings(cfg, mesh, rules)`).
+    policy: the policy tree (params, or params with `LoraWeight` nodes), or its shapes.
+  Returns:
+    A pytree of shardings with the structure of `policy`.
+  """
+  from rollouts_jax.models import lora  # pylint: disable=g-import-not-at-top
+  if not lora.is_lora(policy):
+    return params_shardings
+  layers = dict(params_shardings["layers"])
+  for name, w in policy["layers"].items():
+    if lora.is_lora_weight(w):
+      s = layers[name]
+      lead, fan_in, fan_out = (tuple(s.spec) + (None,) * 3)[:3]
+      layers[name] = w.replace(w=s, a=NamedSharding(s.mesh, PartitionSpec(lead, fan_in, None)),
+                               b=NamedSharding(s.mesh, PartitionSpec(lead, None, fan_out)))
+  return dict(params_shardings, layers=layers)
+
+
+def _sharding_views(params_shardings: Any, params: Any) -> list[tuple[Any, Any]]:
+  """(shardings, params) pairs whose paths a state's leaves may end with: the policy tree, and with
+  LoRA also its base (plain paths: a critic built from the trunk) and its adapters (the optimizer's
+  moments cover `lora.partition`'s trainable tree, `{name: {"a", "b"}}`)."""
+  from rollouts_jax.models import lora  # pylint: disable=g-import-not-at-top
+  views = [(params_shardings, params)]
+  if lora.is_lora(params_shardings):
+    views.append((lora.base_of(params_shardings), None if params is None else lora.base_of(params)))
+    views.append((lora.adapters_of(params_shardings), None if params is None else lora.adapters_of(params)))
+  return views
+
+
 def _check_tree_divisible(tree, shardings) -> None:
   flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
   for (path, leaf), s in zip(flat, treedef.flatten_up_to(shardings)):
@@ -197,7 +237,9 @@ def tree_shardings_like(tree: Any, params_shardings: Any, params: Any = None) ->
   A leaf whose path ends with a parameter's path (e.g. `[0].mu['layers']['q']`
   ends with `['layers']['q']`) and whose shape equals that parameter's shape gets the
   parameter's sharding; every other leaf (step counters, scalars, factored
-  statistics) is replicated. Works on arrays or on `jax.eval_shape` output.
+  statistics) is replicated. Works on arrays or on `jax.eval_shape` output. With a LoRA
+  policy's shardings (`policy_shardings`) the adapters' moments (`{name: {"a", "b"}}`) get their
+  adapter's sharding and a plain copy of the trunk (a critic) its base weights'.
 
   Args:
     tree: the pytree, e.g. `jax.eval_shape(optimizer.init, params)`.
@@ -212,10 +254,13 @@ def tree_shardings_like(tree: Any, params_shardings: Any, params: Any = None) ->
   """
   mesh = _mesh_of(params_shardings)
   replicated = NamedSharding(mesh, PartitionSpec())
-  flat_sh, sh_def = jax.tree_util.tree_flatten_with_path(
-      params_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-  shapes = [None] * len(flat_sh) if params is None else [np.shape(p) for p in sh_def.flatten_up_to(params)]
-  table = {_key_names(path): (s, shape) for (path, s), shape in zip(flat_sh, shapes)}
+  table = {}
+  for view_shardings, view_params in _sharding_views(params_shardings, params):
+    flat_sh, sh_def = jax.tree_util.tree_flatten_with_path(
+        view_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    shapes = ([None] * len(flat_sh) if view_params is None
+              else [np.shape(p) for p in sh_def.flatten_up_to(view_params)])
+    table.update({_key_names(path): (s, shape) for (path, s), shape in zip(flat_sh, shapes)})
   max_len = max((len(p) for p in table), default=0)
 
   def choose(path, leaf):

@@ -21,7 +21,7 @@ ranges, which of its own modes combine), then the rules between sections, `CROSS
 
   `_model_tokenizer`     model.init='gguf' / tokenizer.kind='gguf' and tokenizer.kind, tokenizer.path
   `_sft_pretrained`      sft.from_pretrained and model.init
-  `_lora_model_mesh`     lora.rank and the model's sizes, mesh.shape / mesh.rollout_shape
+  `_lora_model`          lora.rank and the model's sizes
   `_truncation_tis`      rollout.top_k / top_p and rl.tis_cap
   `_environment`         rollout.env and reward.name / overlong_buffer; rollout.turn_credit and rl.echo_shaping
   `_generator_settings`  rollout.generator_kwargs' values and control.prompts_per_step
@@ -837,8 +837,8 @@ def _sft_pretrained(cfg: ExperimentConfig) -> None:
                      f"'hf', got {cfg.model.init!r} ('sft' already fine-tunes its random init; 'random' has none).")
 
 
-def _lora_model_mesh(cfg: ExperimentConfig) -> None:
-  """lora.rank against the model's sizes (model.hidden_size ...) and a one-device mesh (mesh.shape, rollout_shape)."""
+def _lora_model(cfg: ExperimentConfig) -> None:
+  """lora.rank against the model's sizes (model.hidden_size, intermediate_size, num_heads, num_kv_heads)."""
   lo, m = cfg.lora, cfg.model
   if not lo.rank:
     return
@@ -847,10 +847,6 @@ def _lora_model_mesh(cfg: ExperimentConfig) -> None:
     if lo.rank > smallest:
       raise ValueError(f"Config key lora.rank={lo.rank} exceeds the model's smallest projection side "
                        f"({smallest}); a rank at most min(in, out) of every target is low rank.")
-  if _prod(cfg.mesh.shape) != 1 or cfg.mesh.rollout_shape:
-    raise ValueError(f"lora.rank > 0 runs on one device for now (mesh.shape={tuple(cfg.mesh.shape)}, "
-                     f"mesh.rollout_shape={tuple(cfg.mesh.rollout_shape)}): the sharding rules have no "
-                     "axes for adapters yet; set lora.rank=0 or a single-device mesh.")
 
 
 def _truncation_tis(cfg: ExperimentConfig) -> None:
@@ -1084,7 +1080,7 @@ SECTIONS = ("model", "lora", "tokenizer", "data", "sft", "rollout", "reward", "c
 
 #: The rules between sections (the module docstring lists them), in the order `validate` applies them.
 CROSS_SECTION_RULES = (
-    _model_tokenizer, _sft_pretrained, _lora_model_mesh, _truncation_tis, _environment, _generator_settings,
+    _model_tokenizer, _sft_pretrained, _lora_model, _truncation_tis, _environment, _generator_settings,
     _external_samples, _cat_reward, _distill_kl, _distill, _generator_paths, _april, _task_reward,
     _overlong_buffer,
     _selector, _replay_capacity, _kl_horizon, _echo_tree, _minibatches, _critic, _uniqueness_clusters,

@@ -289,9 +289,6 @@ def check_supported(exp: ExperimentConfig, roles: Roles) -> None:
     if exp.control.prompts_per_step % roles.num_trainers:
       raise ValueError(f"--num_trainer_processes={roles.num_trainers} does not divide control.prompts_per_step="
                        f"{exp.control.prompts_per_step}: the trainers split each batch's groups evenly.")
-    if exp.lora.rank:
-      raise ValueError(f"lora.rank={exp.lora.rank} with --num_trainer_processes={roles.num_trainers}: adapters "
-                       "are trained by one trainer process for now; use --num_trainer_processes=1.")
   if tuple(exp.mesh.rollout_shape):
     raise ValueError("mesh.rollout_shape: the rollout processes are the rollout devices here; leave it empty.")
   if int(np.prod(exp.mesh.shape)) != 1:
@@ -498,10 +495,11 @@ class _Trainer(_Side):
       meshes = sharding.RolloutTrainMeshes.create(sharding.MeshConfig(shape=(self.roles.num_trainers, 1, 1),
                                                                       preset="pure_dp"),
                                                   devices=_first_devices(self.roles.trainers))
-      self.mesh, self.param_shardings = meshes.train_mesh, meshes.train_shardings(self.cfg)
+      self.mesh, base_shardings = meshes.train_mesh, meshes.train_shardings(self.cfg)
+      self.param_shardings = sharding.policy_shardings(base_shardings, self.policy)   # LoRA: base and adapters
       self.policy = sharding.shard_params(self.policy, self.param_shardings)
       if self.ref_params is not None:
-        self.ref_params = sharding.shard_params(self.ref_params, self.param_shardings)
+        self.ref_params = sharding.shard_params(self.ref_params, base_shardings)
     train_state, state_shardings = sharding.init_sharded_state(train_state_init(exp.rl), self.policy,
                                                                self.param_shardings)
     self.state_shardings = state_shardings

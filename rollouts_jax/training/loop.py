@@ -90,9 +90,8 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   evaluate_fn = evaluator(exp, cfg, tokenizer)
   eval_key = jax.random.key(exp.seed + 1)
   # eval_shape -> shardings -> jit(init, out_shardings): each device writes only its shard of the state.
-  train_state, state_shardings = sharding.init_sharded_state(
-      train_state_init(exp.rl), policy,
-      placement.param_shardings if placement.active else None)
+  train_state, state_shardings = sharding.init_sharded_state(train_state_init(exp.rl), policy,
+                                                             placement.policy_shardings(policy))
   state = {"train": train_state, "pipeline": pipeline.init_state()}
   async_state = source_lib.init_state(exp.async_rl, train_state.params, threaded=threaded)
   if async_state is not None:   # the versions a restarted producer needs, the EWMA

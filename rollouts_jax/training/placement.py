@@ -9,7 +9,6 @@ import jax
 import numpy as np
 
 from rollouts_jax import models
-from rollouts_jax.training.rl_step import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +36,14 @@ class Placement:
       if self.roles.separate:
         log.info("Rollout mesh: %s", sharding.describe(self.roles.rollout_mesh))
 
-  def state(self, state: TrainState) -> TrainState:
-    """The train state placed on the training mesh (params sharded by the rules, step replicated).
-
-    A critic (`rl.advantage="gae"`) is placed by the same rules: its leaves at the policy's paths
-    get the policy's shardings, its value head and counters are replicated.
-    """
-    if not self.active:
-      return state
-    params = self.sharding.shard_params(state.params, self.param_shardings)
-    opt_shardings = self.sharding.tree_shardings_like(state.opt_state, self.param_shardings, state.params)
-    opt_state = jax.tree_util.tree_map(jax.device_put, state.opt_state, opt_shardings)
-    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-    critic = state.critic
-    if critic is not None:
-      critic = jax.tree_util.tree_map(
-          jax.device_put, critic, self.sharding.tree_shardings_like(critic, self.param_shardings, state.params))
-    return TrainState(step=jax.device_put(state.step, replicated), params=params, opt_state=opt_state, critic=critic)
+  def policy_shardings(self, policy):
+    """The training mesh's shardings of a policy tree (with LoRA: its base weights and adapters; see
+    `sharding.policy_shardings`); None on one device."""
+    return self.sharding.policy_shardings(self.param_shardings, policy) if self.active else None
 
   def params(self, params):
-    return self.sharding.shard_params(params, self.param_shardings) if self.active else params
+    """Params (a LoRA policy too) placed on the training mesh."""
+    return self.sharding.shard_params(params, self.policy_shardings(params)) if self.active else params
 
   def rollout_params(self, params):
     """The policy as the sampler sees it (a copy on the rollout mesh when roles are separate)."""
@@ -84,11 +71,17 @@ def abstract(tree):
 def to_global(tree, shardings):
   """Values every process holds whole (host arrays, process-local arrays) as global arrays with
   `shardings` (one sharding for every leaf, or a tree of them): each device takes its part of the
-  local copy. Orbax saves, and a multi-process program computes on, only global arrays."""
+  local copy. Orbax saves, and a multi-process program computes on, only global arrays. A leaf that
+  is already a global array on its sharding (a LoRA policy's frozen base) is kept as it is."""
   if isinstance(shardings, jax.sharding.Sharding):
     shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
-  return jax.tree_util.tree_map(
-      lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx, h=np.asarray(x): h[idx]), tree, shardings)
+
+  def leaf(x, s):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and x.sharding.is_equivalent_to(s, x.ndim):
+      return x
+    return jax.make_array_from_callback(np.shape(x), s, lambda idx, h=np.asarray(x): h[idx])
+
+  return jax.tree_util.tree_map(leaf, tree, shardings)
 
 
 def replicated(tree, mesh):

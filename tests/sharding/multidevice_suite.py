@@ -303,6 +303,84 @@ def test_library_rl_step_on_a_mesh_matches_single_device(shape):
   assert new.params["layers"]["q"].sharding.is_equivalent_to(ps["layers"]["q"], 3)
 
 
+def lora_policy():
+  """ref_params() with rank-4 adapters on every projection, B nonzero so the adapters matter."""
+  from rollouts_jax.models import lora
+  adapters = lora.init_adapters(CFG, jax.random.key(5), rank=4)
+  keys = iter(jax.random.split(jax.random.key(6), len(adapters)))
+  adapters = {n: dict(ab, b=0.05 * jax.random.normal(next(keys), ab["b"].shape)) for n, ab in adapters.items()}
+  return lora.apply(ref_params(), adapters, alpha=8.0, rank=4)
+
+
+def test_lora_policy_is_sharded_by_its_weights_rules_and_its_step_matches_single_device():
+  """A LoRA policy on a mesh: W keeps its sharding, A is split like W's input side and B like its
+  output side (rank replicated), Adam's moments of the adapters follow them; the loop's donated step
+  trains the adapters alone and matches one device, and the sampler's merged weights land on W's sharding."""
+  from rollouts_jax.models import lora
+  from rollouts_jax.training import loop, rl_step as rl
+  from rollouts_jax.training.config import RLConfig
+  conf = RLConfig(steps=3, learning_rate=1e-3, warmup_steps=0, micro_batch_size=8, adam_eps=1e-6)
+  init = rl.train_state_init(conf)
+  ref_state, ref_m = rl.rl_step(init(lora_policy()), library_rollouts(), None, cfg=CFG, rl=conf)
+  mesh, rules = sh.make_mesh((2, 2, 2)), sh.get_rules("fsdp_tp")
+  ps = sh.param_shardings(CFG, mesh, rules)
+  pol = sh.policy_shardings(ps, lora_policy())
+  q, down = pol["layers"]["q"], pol["layers"]["down"]
+  assert q.w == ps["layers"]["q"] and q.a.spec == P(None, "fsdp", None) and q.b.spec == P(None, None, "tensor")
+  assert down.a.spec == P(None, "tensor", None) and down.b.spec == P(None, None, "fsdp")
+  assert sh.policy_shardings(ps, ref_params()) is ps
+  state, shardings = sh.init_sharded_state(init, sh.shard_params(lora_policy(), pol), pol)
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, state.params, pol))
+  moments = {jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]}
+  for name, s in (("['q']['a']", q.a), ("['down']['b']", down.b)):
+    hits = [x for k, x in moments.items() if k.endswith(name)]
+    assert len(hits) >= 2 and all(x.sharding == s for x in hits), name   # Adam's mu and nu
+  assert not any("embed" in k for k in moments)   # the base is not in the optimizer
+  step = loop.make_train_step(dict(cfg=CFG, rl=conf), shardings, mesh)
+  new, m = step(state, sh.shard_batch(library_rollouts(), mesh), None)
+  assert abs(float(m["loss"]) - float(ref_m["loss"])) <= TOL
+  assert max_diff(new.params, ref_state.params) <= TOL
+  assert max_diff(lora.base_of(new.params), ref_params()) == 0.0
+  assert max_diff(lora.adapters_of(new.params), lora.adapters_of(lora_policy())) > 1e-4   # the adapters moved
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, new, shardings))
+  merged = jax.jit(lora.sampling_params)(new.params)
+  assert merged["layers"]["q"].sharding.is_equivalent_to(ps["layers"]["q"], 3)
+  assert max_diff(merged, lora.merged(ref_state.params)) <= TOL
+
+
+def test_lora_loop_on_a_mesh_resumes_and_matches_one_device(tmp_path, monkeypatch):
+  """configs/lora.py:smoke trained on devices 0-3 (fsdp) with rollouts on 4-7 (fsdp_tp), stopped after
+  step 1 and resumed from its checkpoint, ends where the one-device run ends (float tolerance: the
+  meshes sum in another order); its adapters are sharded like their weights."""
+  import pathlib
+  from rollouts_jax.models import lora
+  from rollouts_jax.training import config as config_lib, loop
+  monkeypatch.setenv("ROLLOUTS_JAX_CACHE", str(tmp_path / "cache"))
+  repo = pathlib.Path(__file__).resolve().parents[2]
+
+  def exp_of(shape, rollout_shape=(), **over):
+    cd = config_lib.load_config_file(repo / "configs" / "lora.py", "smoke")
+    cd.rl.steps, cd.rl.learning_rate, cd.rl.warmup_steps, cd.rl.adam_eps = 2, 1e-2, 0, 1e-6
+    cd.rl.entropy_coef = 0.01   # the smoke model's rewards are all 0: the bonus gives a gradient
+    cd.mesh.shape, cd.mesh.rollout_shape, cd.mesh.rollout_preset = shape, rollout_shape, "fsdp_tp"
+    for k, v in over.items():
+      setattr(cd, k, v)
+    return config_lib.from_config_dict(cd)
+
+  one = loop.train(exp_of((1, 1, 1)), tmp_path / "one", progress=False)["params"]
+  stopped = loop.train(exp_of((1, 4, 1), (2, 1, 2), stop_after_step=1), tmp_path / "mesh", progress=False)
+  assert stopped["stopped_at"] == 1
+  summary = loop.train(exp_of((1, 4, 1), (2, 1, 2)), tmp_path / "mesh", progress=False)
+  assert summary["final_step"] == 2
+  mesh_params = summary["params"]
+  q = mesh_params["layers"]["q"]
+  assert {d.id for d in q.a.sharding.device_set} == {0, 1, 2, 3}
+  assert q.a.sharding.spec == P(None, "fsdp", None) and q.w.sharding.spec == P(None, "fsdp", None)
+  assert max(float(np.max(np.abs(ab["b"]))) for ab in lora.adapters_of(one).values()) > 1e-4   # B starts at 0
+  assert max_diff(lora.base_of(mesh_params), lora.base_of(one)) == 0.0
+  assert max_diff(lora.adapters_of(mesh_params), lora.adapters_of(one)) <= TOL   # moved ~1e-2, differ ~4e-8
+
+
 def test_ppo_critic_is_sharded_by_the_policy_rules_and_its_step_matches_single_device():
   """rl.advantage="gae": the loop's init path places the critic like the policy (leaves at the policy's
   paths get their shardings, the value head is replicated), and the donated sharded step (policy,

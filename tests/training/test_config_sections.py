@@ -94,7 +94,7 @@ def test_a_section_check_reads_no_other_section():
 CROSS_CASES = {
     "_model_tokenizer": ({"tokenizer.kind": "gguf"}, "tokenizer.kind='gguf' needs tokenizer.path"),
     "_sft_pretrained": ({"sft.from_pretrained": True}, "sft.from_pretrained .* needs model.init 'gguf' or 'hf', got 'sft'"),
-    "_lora_model_mesh": ({"lora.rank": 65}, r"lora.rank=65 exceeds the model's smallest projection side \(64\)"),
+    "_lora_model": ({"lora.rank": 65}, r"lora.rank=65 exceeds the model's smallest projection side \(64\)"),
     "_truncation_tis": ({"rollout.top_k": 5}, "rollout.top_k=5 samples from a truncated distribution.*rl.tis_cap"),
     "_environment": ({"rollout.env": "calculator", "rollout.generator": "multiturn", "reward.name": "arithmetic"},
                      "reward.name='arithmetic'.*with rollout.env the environment's rewards are the rewards"),

@@ -141,7 +141,6 @@ def test_export_writes_the_merged_policy_and_the_adapters_alone(cache, tmp_path)
     (dict(lora__rank=-1), "lora.rank must be >= 0"),
     (dict(lora__alpha=0.0), "lora.alpha must be > 0"),
     (dict(lora__rank=64), "lora.rank=64 exceeds the model's smallest projection side"),
-    (dict(mesh__shape=(2, 1, 1)), "lora.rank > 0 runs on one device for now"),
 ])
 def test_lora_settings_are_checked_before_anything_builds(override, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -10,11 +10,14 @@ not the rollout or the run.
   calls, no attributes, bounded exponents, operand sizes and result size.
 * `run_python(code)`: a fresh interpreter per call, the grader pool's kind of worker
   (`python -I`, no fork of the training process, killed with its parent), under
-  `resource.setrlimit` limits (address space, CPU seconds, output file size, no child
-  processes), a wall-clock timeout that kills its whole process group, no network (proxy
-  variables unset, `socket` blocked before the code runs), an empty temporary working folder
-  removed afterwards, and stdout + stderr cut to `max_output` characters. Nothing survives a
-  call, so nothing leaks between rollouts.
+  `resource.setrlimit` limits (address space, CPU seconds, output file size), a wall-clock
+  timeout that kills its whole process group, no network and no new processes or threads (a seccomp filter:
+  socket, fork / clone / exec, kill and ptrace fail in the kernel, for root too; proxy variables
+  unset and the Python functions blocked on top), an empty temporary working folder removed
+  afterwards, and stdout + stderr cut to `max_output` characters. Nothing survives a call, so
+  nothing leaks between rollouts. Where the kernel has no seccomp filter for the machine (not
+  Linux, not x86-64 / arm64), only the Python-level blocks remain, which a determined program can
+  get around (`_socket`, `ctypes`); `kernel_isolation()` says which holds on this machine.
 
 >>> calculate("12 * (3 + 4)")
 '84'
@@ -29,6 +32,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import decimal
+import functools
 import operator
 import os
 import re
@@ -174,21 +178,48 @@ class SandboxLimits:
 
 
 # Runs in the child before the user's code: its limits (argv: address-space MiB, CPU seconds, output
-# bytes), killed with its parent, no network, no new processes (best effort: the limits and the
-# process-group kill are what bound a determined program), bounded recursion. Set here, in the fresh
-# interpreter, rather than in a `preexec_fn` (which would fork the multithreaded training process).
+# bytes), killed with its parent, bounded recursion, and no network and no new processes, enforced by
+# the kernel where it can be (Linux on x86-64 or arm64): a seccomp filter makes socket, fork / clone /
+# exec, kill and ptrace fail with EPERM (other system-call ABIs get nothing), under no_new_privs. It
+# binds root too (RLIMIT_NPROC does not: the kernel exempts uid 0) and leaves files alone, so an
+# interpreter installed under /root still imports its modules. Python-level blocks come on top (and are
+# all there is where the kernel refuses). Set here, in the fresh interpreter, rather than in a
+# `preexec_fn` (which would fork the multithreaded training process).
 _BOOTSTRAP = r"""
-import resource, sys
+import os, platform, resource, sys
 _mem, _cpu, _out = (int(a) for a in sys.argv[1:4])
 resource.setrlimit(resource.RLIMIT_AS, (_mem * 2**20, _mem * 2**20))
 resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu + 1))
 resource.setrlimit(resource.RLIMIT_FSIZE, (_out, _out))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-try:
+# (audit arch, system calls refused): socket, clone, clone3, fork, vfork, execve, execveat, kill, tkill,
+# tgkill, ptrace, process_vm_readv / writev.
+_SECCOMP = {"x86_64": (0xC000003E, (41, 56, 435, 57, 58, 59, 322, 62, 200, 234, 101, 310, 311)),
+            "aarch64": (0xC00000B7, (198, 220, 435, 221, 281, 129, 130, 131, 117, 270, 271))}
+def _isolate():
     import ctypes
-    ctypes.CDLL(None).prctl(1, 9)   # PR_SET_PDEATHSIG, SIGKILL: die with the parent
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, 9)   # PR_SET_PDEATHSIG, SIGKILL: die with the parent
+    arch, refused = _SECCOMP[platform.machine()]
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+    ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1   # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    n = len(refused)
+    prog = [Insn(LD, 0, 0, 4), Insn(JEQ, 1, 0, arch), Insn(RET, 0, 0, DENY),   # another ABI: nothing
+            Insn(LD, 0, 0, 0), Insn(JGE, n + 1, 0, 0x40000000)]               # x32 numbers: nothing
+    prog += [Insn(JEQ, n - i, 0, nr) for i, nr in enumerate(refused)]
+    prog += [Insn(RET, 0, 0, ALLOW), Insn(RET, 0, 0, DENY)]
+    table = (Insn * len(prog))(*prog)
+    if libc.prctl(38, 1, 0, 0, 0) == 0:   # PR_SET_NO_NEW_PRIVS, then PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        libc.prctl(22, 2, ctypes.byref(Prog(len(prog), table)), 0, 0)
+try:
+    _isolate()
 except Exception:
     pass
+del _isolate, _SECCOMP
 import socket
 def _no_network(*a, **k):
     raise OSError("network access is disabled in the sandbox")
@@ -205,7 +236,7 @@ for _name in ("fork", "forkpty", "system", "popen", "execv", "execve", "execl", 
 subprocess.Popen = _no_processes
 sys.setrecursionlimit(2000)
 code = sys.stdin.read()
-del socket, subprocess, resource
+del socket, subprocess, resource, os, platform
 exec(compile(code, "<tool>", "exec"), {"__name__": "__main__"})
 """
 
@@ -283,6 +314,36 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> str:
     return error("error", f"the sandbox could not run the code ({type(e).__name__})")
   finally:
     shutil.rmtree(work, ignore_errors=True)
+
+
+_PROBE = """
+import ctypes, _socket
+libc = ctypes.CDLL(None)
+pid = libc.fork()
+if pid == 0:
+    libc._exit(0)
+try:
+    _socket.socket().close()
+    net = False
+except OSError:
+    net = True
+print(net, pid < 0)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_isolation() -> dict[str, bool]:
+  """What the kernel enforces for `run_python` on this machine (probed once, by a sandboxed call that
+  opens a socket through `_socket` and forks through `ctypes`, around the Python-level blocks).
+
+  Returns:
+    {"network": a raw socket is refused, "processes": a raw fork is refused}. Where either is False,
+    only the Python-level block stands for it.
+  """
+  out = run_python(_PROBE, SandboxLimits(timeout_s=10.0, cpu_s=5)).split()
+  if len(out) != 2:
+    return {"network": False, "processes": False}
+  return {"network": out[0] == "True", "processes": out[1] == "True"}
 
 
 def _cut(text: str, limit: int) -> str:

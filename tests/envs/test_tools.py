@@ -59,6 +59,34 @@ def test_memory_network_and_processes_are_refused():
   assert "starting processes is disabled" in sub
 
 
+def test_the_kernel_blocks_network_and_processes_that_get_around_the_python_blocks():
+  """`_socket` and a `fork` through `ctypes` skip the Python-level blocks; on Linux x86-64 / arm64 the
+  sandbox's seccomp filter refuses them in the kernel (root included), and ordinary programs still run."""
+  import platform
+  import socket
+  import sys
+  iso = tools.kernel_isolation()
+  kernel = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
+  assert iso == {"network": kernel, "processes": kernel}
+  if not kernel:
+    return   # only the Python-level blocks stand here (checked by the test above)
+  with socket.socket() as listener:   # a server on this machine's loopback, which the sandbox must not reach
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    out = tools.run_python(f"import _socket\ns = _socket.socket()\ns.settimeout(2)\n"
+                           f"s.connect(('127.0.0.1', {port}))\nprint('connected')", FAST)
+    assert out.startswith("error: crash") and "PermissionError" in out, out
+  out = tools.run_python("import ctypes\nlibc = ctypes.CDLL(None)\npid = libc.fork()\n"
+                         "if pid == 0:\n    libc._exit(0)\nprint(pid)", FAST)
+  assert out == "-1\n", out
+  out = tools.run_python("import ctypes, os\nprint(ctypes.CDLL(None).kill(os.getppid(), 0))", FAST)
+  assert out == "-1\n", out   # not even a signal to the training process
+  # Ordinary programs are unaffected: stdlib extension modules import, files in the working folder work.
+  assert tools.run_python("import math, json\nopen('f', 'w').write('7')\nprint(math.isqrt(int(open('f').read()) ** 2))",
+                          FAST) == "7\n"
+
+
 def test_bad_arguments_and_no_leaks_between_calls(tmp_path):
   assert tools.run_python(None, FAST).startswith("error: bad_arguments")   # type: ignore[arg-type]
   # A call's files and environment die with it: the next call starts clean.

@@ -56,7 +56,6 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
-import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -65,31 +64,13 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 from experiments.benchmarks import timing  # noqa: E402
+from experiments.benchmarks.real_lm import (REPO, TRAIN_CONFIG, grpo_experiment, gsm8k_chat, left_pad, parse_shape,  # noqa: E402
+                                            peak_rss_mb, rss_now_mb, shape_name)
 
 # transformers 5 renames gradient checkpointing (activation checkpointing); TRL still uses the old names.
 warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated.*", category=FutureWarning)
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 SECTIONS = ("sampler", "grpo", "rss", "flops")
-GSM8K_TEST = REPO / "rollouts_jax" / "data" / "benchmark_files" / "gsm8k_test.jsonl"
-TRAIN_CONFIG = REPO / "configs" / "smollm2_addition.py"
-MB = 2 ** 20
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-  """"BxNxT" -> (B, N, T).
-
-  >>> parse_shape("4x8x64")
-  (4, 8, 64)
-  """
-  parts = [int(p) for p in text.lower().split("x")]
-  if len(parts) != 3 or min(parts) < 1:
-    raise ValueError(f"a shape is B x N x T with positive ints, e.g. 4x8x64; got {text!r}")
-  return tuple(parts)
-
-
-def shape_name(shape) -> str:
-  return "x".join(str(s) for s in shape)
 
 
 def parse_args(argv=None):
@@ -114,8 +95,8 @@ def parse_args(argv=None):
   p.add_argument("--rss_shape", default="", help=argparse.SUPPRESS)
   p.add_argument("--prompts_file", default="", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
-  args.shape_list = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
-  args.grpo = parse_shape(args.grpo_shape)
+  args.shape_list = [parse_shape(s, "--shapes") for s in args.shapes.split(",") if s.strip()]
+  args.grpo = parse_shape(args.grpo_shape, "--grpo_shape")
   return args
 
 
@@ -126,27 +107,6 @@ def parse_args(argv=None):
 def model_path() -> pathlib.Path:
   from rollouts_jax import models  # pylint: disable=g-import-not-at-top
   return models.smollm2_path()
-
-
-def load_prompts(tok, count: int) -> dict:
-  """The first `count` GSM8K test questions in the chat template: texts, token ids and references."""
-  from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
-  task = tasks.get("gsm8k")
-  with open(GSM8K_TEST) as f:
-    examples = [json.loads(line) for line, _ in zip(f, range(count))]
-  texts = [task.prompt(ex, tok, "chat") for ex in examples]
-  return dict(examples=examples, texts=texts, ids=[list(map(int, tok.encode(t))) for t in texts],
-              answers=[ex["answer"] for ex in examples], pad_id=int(tok.pad_id))
-
-
-def left_pad(ids: list[list[int]], pad_id: int):
-  """(ids int32 [B, P], mask bool [B, P]) left-padded to the longest row."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  P = max(len(r) for r in ids)
-  out, mask = np.full((len(ids), P), pad_id, np.int32), np.zeros((len(ids), P), bool)
-  for i, r in enumerate(ids):
-    out[i, P - len(r):], mask[i, P - len(r):] = r, True
-  return out, mask
 
 
 def load_ours():
@@ -275,26 +235,6 @@ def sampler_section(args, ours, theirs, prompts, alt: Alternator, hf: bool = Tru
 # 2. One GRPO step: ours against TRL's GRPOTrainer
 # ------------------------------------------------------------------------------------------------
 
-def grpo_experiment(B: int, N: int, T: int, P: int, micro: int, lr: float, steps: int, seed: int):
-  """The smollm2 training config made to run GSM8K prompts at this shape (no dynamic sampling, no warmup)."""
-  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  c = config_lib.load_config_file(TRAIN_CONFIG)
-  c.seed = seed
-  c.data.task = "gsm8k"
-  c.data.template = "chat"
-  c.data.max_prompt_len = P
-  c.rollout.num_samples = N
-  c.rollout.max_new_tokens = T
-  c.control.prompts_per_step = B
-  c.control.dynamic_sampling = False
-  c.reward.num_workers = 0
-  c.rl.steps = steps
-  c.rl.learning_rate = lr
-  c.rl.warmup_steps = 0
-  c.rl.micro_batch_size = micro
-  return config_lib.from_config_dict(c)
-
-
 class OursGRPO:
   """Our RL step as `training.loop` runs it: `pipeline.collect` (sample + reward) then `rl_step`."""
 
@@ -306,7 +246,8 @@ class OursGRPO:
     cfg, params, tok = ours
     B, N, T = shape
     P = max(len(r) for r in prompts["ids"][:B])
-    self.exp = grpo_experiment(B, N, T, P, micro, lr, steps, seed)
+    self.exp = grpo_experiment(B, N, T, seed, data__max_prompt_len=P, reward__num_workers=0, rl__steps=steps,
+                               rl__learning_rate=lr, rl__micro_batch_size=micro)
     self.cfg = fit_vocabulary(cfg.replace(remat=self.exp.model.remat), tok)   # as `load_policy` makes it
     examples = prompts["examples"][:B]
     self.pipe = build.build_pipeline(self.exp, self.cfg, tok, examples)
@@ -478,15 +419,6 @@ def grpo_section(args, ours, theirs, prompts, alt: Alternator) -> dict:
 # 3. Peak RSS, one side per child process
 # ------------------------------------------------------------------------------------------------
 
-def _rss_now_mb() -> float:
-  with open("/proc/self/statm") as f:
-    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
-
-
-def _peak_rss_mb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
 def rss_child(args) -> dict:
   """Runs one side alone (this process imports only that side's libraries) and reports its memory."""
   with open(args.prompts_file) as f:
@@ -499,28 +431,28 @@ def rss_child(args) -> dict:
     ids, mask = left_pad(prompts["ids"][:B], prompts["pad_id"])
     if side == "ours_sampler":
       cfg, params, _ = load_ours()
-      out["rss_after_load_mb"] = _rss_now_mb()
+      out["rss_after_load_mb"] = rss_now_mb()
       out["tokens"] = ours_sampler(cfg, params, ids, mask, N, T, prompts["pad_id"], args.seed)()
     else:
       model, _ = load_theirs(threads, pathlib.Path(prompts["model_path"]))
-      out["rss_after_load_mb"] = _rss_now_mb()
+      out["rss_after_load_mb"] = rss_now_mb()
       out["tokens"] = hf_sampler(model, ids, mask, N, T, prompts["pad_id"])()
   elif side == "ours_grpo":
     ours = load_ours()
     prompts["examples"] = [{"question": q, "answer": a} for q, a in zip(prompts["questions"], prompts["answers"])]
-    out["rss_after_load_mb"] = _rss_now_mb()
+    out["rss_after_load_mb"] = rss_now_mb()
     mine = OursGRPO(ours, prompts, shape, args.grpo_micro, args.lr, 2, args.seed)
     mine.step()
     mine.step()
   elif side == "trl_grpo":
     model, hf_tok = load_theirs(threads, pathlib.Path(prompts["model_path"]))
-    out["rss_after_load_mb"] = _rss_now_mb()
+    out["rss_after_load_mb"] = rss_now_mb()
     clip = (0.2, _smollm2_clip_high())
     with tempfile.TemporaryDirectory() as workdir:
       TRLGRPO(model, hf_tok, prompts, shape, args.grpo_micro, args.lr, clip, args.seed, workdir).run(2)
   else:
     raise ValueError(f"unknown side {side!r}")
-  out["peak_rss_mb"] = _peak_rss_mb()
+  out["peak_rss_mb"] = peak_rss_mb()
   out["imported"] = sorted(m for m in ("jax", "torch", "trl") if m in sys.modules)  # what this side loaded
   return out
 
@@ -683,7 +615,7 @@ def run(args) -> dict:
   print(f"{results['model']}: cpus={results['cpus']} torch_threads={threads} load1={load1:.2f}", flush=True)
   ours = load_ours()
   B_max = max([s[0] for s in args.shape_list] + [args.grpo[0]])
-  prompts = load_prompts(ours[2], B_max)
+  prompts = gsm8k_chat(ours[2], B_max)
   results["model_params"] = ours[0].num_params()
   alt = Alternator(args.max_other_cores)
   theirs = None

@@ -49,17 +49,15 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
-import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-GSM8K_TEST = REPO / "rollouts_jax" / "data" / "benchmark_files" / "gsm8k_test.jsonl"
-TRAIN_CONFIG = REPO / "configs" / "smollm2_addition.py"
+from experiments.benchmarks.real_lm import (MB, REPO, TRAIN_CONFIG, grpo_experiment, gsm8k_chat, left_pad,  # noqa: E402
+                                            parse_shape, peak_rss_mb, rss_now_mb)
+
 DEFAULT_OUT = REPO / "experiments" / "benchmarks" / "results" / "memory_real_lm.json"
-MB = 2 ** 20
 SECONDS_LABEL = "seconds (not a benchmark: measured beside other work)"
 
 
@@ -83,21 +81,6 @@ VARIANTS = {
     "all": Variant(remat=True, micro_batch_size=16, logprob_chunk=16),
     "all_bf16": Variant(remat=True, micro_batch_size=16, logprob_chunk=16, compute_dtype="bfloat16"),
 }
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-  """"BxNxT" -> (B, N, T).
-
-  >>> parse_shape("8x8x96")
-  (8, 8, 96)
-  """
-  try:
-    B, N, T = (int(x) for x in text.lower().split("x"))
-  except ValueError:
-    raise ValueError(f"--shape must be BxNxT (prompts x samples x new tokens), got {text!r}.") from None
-  if min(B, N, T) < 1:
-    raise ValueError(f"--shape needs positive sizes, got {text!r}.")
-  return B, N, T
 
 
 def parse_variants(text: str) -> list[str]:
@@ -124,7 +107,7 @@ def parse_args(argv=None):
   p.add_argument("--variant", default="", help=argparse.SUPPRESS)     # set in a child: run this one
   p.add_argument("--child_out", default="", help=argparse.SUPPRESS)   # where a child writes its report
   args = p.parse_args(argv)
-  args.shape_tuple = parse_shape(args.shape)
+  args.shape_tuple = parse_shape(args.shape, "--shape")
   args.variant_list = parse_variants(args.variant or args.variants)
   return args
 
@@ -133,49 +116,11 @@ def parse_args(argv=None):
 # The child: one variant, one GRPO step
 # ------------------------------------------------------------------------------------------------
 
-def _peak_rss_mb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def _rss_now_mb(pid: int | str = "self") -> float:
-  with open(f"/proc/{pid}/statm") as f:
-    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
-
-
 def experiment(B: int, N: int, T: int, variant: Variant, seed: int):
   """The smollm2 training config on GSM8K chat prompts at this shape, with the variant's options."""
-  from rollouts_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  c = config_lib.load_config_file(TRAIN_CONFIG)
-  c.seed = seed
-  c.data.task = "gsm8k"
-  c.data.template = "chat"
-  c.rollout.num_samples = N
-  c.rollout.max_new_tokens = T
-  c.control.prompts_per_step = B
-  c.control.dynamic_sampling = False
-  c.rl.steps = 1
-  c.rl.warmup_steps = 0
-  c.model.remat = variant.remat
-  c.model.compute_dtype = variant.compute_dtype
-  c.rl.micro_batch_size = variant.micro_batch_size
-  c.rl.logprob_chunk = variant.logprob_chunk
-  return config_lib.from_config_dict(c)
-
-
-def gsm8k_prompts(tokenizer, count: int):
-  """(ids int32 [B, P], mask bool [B, P]): the first `count` GSM8K test questions in the chat
-  template, left-padded to the longest."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from rollouts_jax import tasks  # pylint: disable=g-import-not-at-top
-  task = tasks.get("gsm8k")
-  with open(GSM8K_TEST) as f:
-    examples = [json.loads(line) for line, _ in zip(f, range(count))]
-  rows = [list(map(int, tokenizer.encode(task.prompt(ex, tokenizer, "chat")))) for ex in examples]
-  P = max(len(r) for r in rows)
-  ids, mask = np.full((len(rows), P), tokenizer.pad_id, np.int32), np.zeros((len(rows), P), bool)
-  for i, r in enumerate(rows):
-    ids[i, P - len(r):], mask[i, P - len(r):] = r, True
-  return ids, mask
+  return grpo_experiment(B, N, T, seed, rl__steps=1, model__remat=variant.remat,
+                         model__compute_dtype=variant.compute_dtype, rl__micro_batch_size=variant.micro_batch_size,
+                         rl__logprob_chunk=variant.logprob_chunk)
 
 
 def _ask_to_be_killed_first() -> None:
@@ -198,7 +143,7 @@ def run_child(args) -> None:
   report = dict(variant=name, options=variant.describe(), shape=args.shape, phase="start")
 
   def save(phase: str, **kw):
-    report.update(kw, phase=phase, peak_rss_mb=_peak_rss_mb(), seconds=time.perf_counter() - t_start)
+    report.update(kw, phase=phase, peak_rss_mb=peak_rss_mb(), seconds=time.perf_counter() - t_start)
     tmp = args.child_out + ".tmp"
     with open(tmp, "w") as f:
       json.dump(report, f)
@@ -222,14 +167,15 @@ def run_child(args) -> None:
   state = init_train_state(params, rl_optimizer(exp.rl))
   del params   # the loop holds the train state's copy only (no KL reference: rl.kl_coef is 0)
   jax.block_until_ready(state)
-  save("loaded", rss_after_load_mb=_rss_now_mb())
+  save("loaded", rss_after_load_mb=rss_now_mb())
 
-  ids, mask = gsm8k_prompts(tokenizer, B)
+  prompts = gsm8k_chat(tokenizer, B)   # left-padded to the longest, not cut to data.max_prompt_len
+  ids, mask = left_pad(prompts["ids"], prompts["pad_id"])
   config = build.sampling_config(exp, tokenizer).replace(eos_id=None, prompt_buckets=())
   key = jax.random.key(args.seed)
   out = sampling.sample(cfg, state.params, jnp.asarray(ids), jnp.asarray(mask), key, config)
   jax.block_until_ready(out)
-  save("sampled", peak_rss_after_sample_mb=_peak_rss_mb(), prompt_len=int(ids.shape[1]),
+  save("sampled", peak_rss_after_sample_mb=peak_rss_mb(), prompt_len=int(ids.shape[1]),
        generated_tokens=int(np.sum(jax.device_get(out.completion_mask))))
 
   rewards = np.random.default_rng(args.seed).integers(0, 2, (B, N)).astype(np.float32)
@@ -288,7 +234,7 @@ def run_variant(args, name: str, folder: str) -> dict:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     while proc.poll() is None:
       try:
-        held_mb = max(held_mb, _rss_now_mb(proc.pid))
+        held_mb = max(held_mb, rss_now_mb(proc.pid))
       except (OSError, ValueError, IndexError):
         pass
       free = _available_mb()

@@ -26,6 +26,7 @@ from conftest import load_script  # noqa: E402
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 bench = load_script("benchmarks.bench_real_lm")
+real_lm = load_script("benchmarks.real_lm")
 
 # SmolLM2-135M's shape (tied embeddings); transformers counts 134,515,008 parameters for it.
 SMOLLM2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
@@ -33,7 +34,18 @@ SMOLLM2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
 
 
 def test_doctests():
-  assert doctest.testmod(bench).failed == 0
+  assert doctest.testmod(bench).failed == 0 and doctest.testmod(real_lm).failed == 0
+
+
+def test_the_benchmarks_share_one_experiment():
+  """bench_real_lm (ours against TRL) and memory_real_lm run the same GRPO experiment at a shape."""
+  mem = load_script("benchmarks.memory_real_lm")
+  assert bench.grpo_experiment is mem.grpo_experiment is real_lm.grpo_experiment
+  exp = real_lm.grpo_experiment(2, 8, 4, 0, rl__steps=5, model__remat=True)
+  assert (exp.control.prompts_per_step, exp.rollout.num_samples, exp.rollout.max_new_tokens) == (2, 8, 4)
+  assert exp.data.task == "gsm8k" and exp.rl.steps == 5 and exp.model.remat and not exp.control.dynamic_sampling
+  with pytest.raises(ValueError, match="--grpo_shape must be BxNxT"):
+    bench.parse_args(["--grpo_shape=8x8"])
 
 
 def test_parse_args_defaults_and_shapes():

@@ -13,6 +13,7 @@ each chunk recomputed in the backward, so no more than [R, C, V] logits are ever
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +27,13 @@ _HEAD_KEYS = ("final_norm", "embed", "lm_head")
 
 
 def token_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax.Array, prompt_len: int, *,
-                   temperature: float = 1.0, chunk: int = 0) -> tuple[jax.Array, jax.Array]:
+                   temperature: float = 1.0, chunk: int = 0, share: int = 1) -> tuple[jax.Array, jax.Array]:
   """Log-probs and entropies of tokens `[prompt_len:]` given everything before them.
+
+  With `share` = S > 1, each block of S consecutive rows holds one prompt (the same first
+  `prompt_len` tokens and mask, as the S samples of a group do) and the prompt runs through the
+  layers once per block (`transformer.forward_shared_prompt`): the same values up to float
+  rounding, with the prompt's share of the work divided by S.
 
   Args:
     cfg: model configuration.
@@ -37,6 +43,7 @@ def token_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: ja
     prompt_len: P, the (padded) prompt length.
     temperature: the logits are divided by it (the sampler's temperature), > 0.
     chunk: C > 0 scores C positions at a time (see `hidden_logprobs`); 0: all T at once.
+    share: rows per shared prompt (it must divide R); 1: every row on its own.
 
   Returns:
     (logprobs float32 [R, T], entropy float32 [R, T]) of the tempered distribution, T = L - P.
@@ -53,10 +60,30 @@ def token_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: ja
   >>> lp1, ent1 = token_logprobs(cfg, params, toks, toks > 0, 2, chunk=1)
   >>> bool(jnp.allclose(lp, lp1, atol=1e-6)) and bool(jnp.allclose(ent, ent1, atol=1e-6))
   True
+  >>> two = jnp.array([[1, 2, 3, 4], [1, 2, 5, 6]])   # one prompt (1, 2), two completions
+  >>> lp2, _ = token_logprobs(cfg, params, two, two > 0, 2, share=2)
+  >>> bool(jnp.allclose(lp2, token_logprobs(cfg, params, two, two > 0, 2)[0], atol=1e-6))
+  True
   """
-  hidden = transformer.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
-  return hidden_logprobs(cfg, params, hidden[:, prompt_len - 1:-1], tokens_RxL[:, prompt_len:],
-                         temperature=temperature, chunk=chunk)
+  if share > 1:
+    hidden = _shared_prompt_hidden(cfg, params, tokens_RxL, mask_RxL, prompt_len, share)
+  else:
+    hidden = transformer.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)[:, prompt_len - 1:-1]
+  return hidden_logprobs(cfg, params, hidden, tokens_RxL[:, prompt_len:], temperature=temperature, chunk=chunk)
+
+
+def _shared_prompt_hidden(cfg: ModelConfig, params, tokens_RxL, mask_RxL, prompt_len: int, share: int) -> jax.Array:
+  """[R, T, D]: the hidden states that predict tokens `[prompt_len:]`, each block of `share` rows' prompt
+  run once (the prompt's last position predicts the first completion token)."""
+  R, L = tokens_RxL.shape
+  if R % share:
+    raise ValueError(f"share={share} rows per prompt must divide the {R} rows.")
+  G, P, T = R // share, prompt_len, L - prompt_len
+  blocks = tokens_RxL.reshape(G, share, L)
+  hp, hc = transformer.forward_shared_prompt(cfg, params, blocks[:, 0, :P], mask_RxL.reshape(G, share, L)[:, 0, :P],
+                                             blocks[:, :, P:])
+  first = jnp.broadcast_to(hp[:, None, -1:], (G, share, 1, hp.shape[-1]))
+  return jnp.concatenate([first, hc[:, :, :-1]], axis=2).reshape(R, T, -1)
 
 
 def hidden_logprobs(cfg: ModelConfig, params, hidden_RxTxD: jax.Array, tokens_RxT: jax.Array, *,
@@ -128,12 +155,13 @@ def pick_and_entropy(logp_RxTxV: jax.Array, tokens_RxT: jax.Array) -> tuple[jax.
 
 def rows_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax.Array, prompt_len: int,
                   num_micro: int = 1, temperature: float = 1.0, *, vocab: bool = False, chunk: int = 0,
-                  entropy: bool = False):
+                  entropy: bool = False, share: int = 1):
   """Completion log-probs [R, T] of teacher-forced rows (or over the vocabulary, [R, T, V]), no gradient.
 
-  The rows go through the model `num_micro` at a time in a scan (it must divide R); `chunk`
-  positions through the output head at a time (0: all; not with `vocab`). With `entropy`,
-  (log-probs [R, T], entropies [R, T]) of the tempered distribution.
+  The rows go through the model in `num_micro` micro-batches in a scan (it must divide R); `chunk`
+  positions through the output head at a time (0: all; not with `vocab`); `share` rows per
+  shared prompt (`token_logprobs`; it must divide a micro-batch's rows; not with `vocab`). With
+  `entropy`, (log-probs [R, T], entropies [R, T]) of the tempered distribution.
   """
   split = lambda x: x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
   merge = lambda x: jax.lax.stop_gradient(x.reshape((-1,) + x.shape[2:]))
@@ -141,16 +169,19 @@ def rows_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax
   def body(_, xs):
     if vocab:
       return None, vocab_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature)
-    lp, ent = token_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature, chunk=chunk)
+    lp, ent = token_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature, chunk=chunk,
+                             share=share)
     return None, (lp, ent) if entropy else lp
   _, out = jax.lax.scan(body, None, (split(tokens_RxL), split(mask_RxL)))
   return jax.tree_util.tree_map(merge, out)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows", "vocab", "chunk", "entropy"))
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "micro_rows", "vocab", "chunk", "entropy",
+                                             "shared_prompt"))
 def batch_logprobs(params, prompt_ids: jax.Array, prompt_mask: jax.Array, completion_ids: jax.Array,
                    completion_mask: jax.Array, *, cfg: ModelConfig, temperature: float = 1.0,
-                   micro_rows: int = 0, vocab: bool = False, chunk: int = 0, entropy: bool = False):
+                   micro_rows: int = 0, vocab: bool = False, chunk: int = 0, entropy: bool = False,
+                   shared_prompt: bool = False):
   """Log-probs [B, N, T] of a batch's completion tokens under `params` (no gradient; 0 off the mask).
 
   The one teacher-forced scorer of a grouped batch: the update's old and reference log-probs
@@ -160,17 +191,29 @@ def batch_logprobs(params, prompt_ids: jax.Array, prompt_mask: jax.Array, comple
   the whole vocabulary at those positions, [B, N, T, V] (the teacher's side of
   full-vocabulary distillation, `losses.full_reverse_kl`). `micro_rows` rows go through the
   model at a time (0: all B * N; it must divide B * N), and `chunk` completion positions
-  through the output head at a time (0: all; not with `vocab`).
+  through the output head at a time (0: all; not with `vocab`). With `shared_prompt` each group's
+  prompt runs once for its samples in a micro-batch (`share_of`; not with `vocab`).
   """
   tokens, attn = teacher_forced_rows(prompt_ids, prompt_mask, completion_ids)
   R = tokens.shape[0]
   micro = micro_rows or R
   if R % micro:
     raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
+  share = share_of(micro, completion_ids.shape[1]) if shared_prompt and not vocab else 1
   out = rows_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature, vocab=vocab,
-                      chunk=chunk, entropy=entropy and not vocab)
+                      chunk=chunk, entropy=entropy and not vocab, share=share)
 
   def shaped(x):
     x = x.reshape(completion_ids.shape + x.shape[2:])
     return jnp.where(completion_mask.reshape(completion_mask.shape + (1,) * (x.ndim - 3)), x, 0.0)
   return jax.tree_util.tree_map(shaped, out)
+
+
+def share_of(micro_rows: int, num_samples: int) -> int:
+  """Rows per shared prompt when a group's N rows are consecutive and micro-batches of `micro_rows` rows
+  start at multiples of it: gcd(micro_rows, N), which divides both, so a block never crosses a group.
+
+  >>> share_of(16, 8), share_of(16, 128), share_of(12, 8)
+  (8, 16, 4)
+  """
+  return math.gcd(int(micro_rows), int(num_samples))

@@ -280,6 +280,89 @@ def forward(cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask:
   return unembed(cfg, params, x)
 
 
+def attend_shared_prompt(cfg: ModelConfig, q_GxSxTxHxD, k_GxPxKxD, v_GxPxKxD, prompt_mask_GxP,
+                         k_GxSxTxKxD, v_GxSxTxKxD) -> jax.Array:
+  """Attention of S completions per prompt over their one prompt's keys and their own (causal) keys.
+
+  The values of `attend` over each row's prompt + completion, without repeating the prompt's keys
+  and values S times. Returns [G * S, T, H * D].
+  """
+  G, S, T, H, D = q_GxSxTxHxD.shape
+  K, Gq = cfg.num_kv_heads, cfg.num_groups
+  P = k_GxPxKxD.shape[1]
+  q = q_GxSxTxHxD.reshape(G, S, T, K, Gq, D)
+  scale = D ** -0.5
+  s_prompt = jnp.einsum("gstkhd,gpkd->gskhtp", q, k_GxPxKxD, preferred_element_type=jnp.float32) * scale
+  s_prompt = jnp.where(prompt_mask_GxP[:, None, None, None, None, :], s_prompt, _NEG_INF)
+  s_own = jnp.einsum("gstkhd,gsukd->gskhtu", q, k_GxSxTxKxD, preferred_element_type=jnp.float32) * scale
+  s_own = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s_own, _NEG_INF)
+  probs = jax.nn.softmax(jnp.concatenate([s_prompt, s_own], axis=-1), axis=-1).astype(v_GxPxKxD.dtype)
+  out = (jnp.einsum("gskhtp,gpkd->gstkhd", probs[..., :P], v_GxPxKxD)
+         + jnp.einsum("gskhtu,gsukd->gstkhd", probs[..., P:], v_GxSxTxKxD))
+  return out.reshape(G * S, T, H * D)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def forward_shared_prompt(cfg: ModelConfig, params: Params, prompt_GxP: jax.Array, prompt_mask_GxP: jax.Array,
+                          completion_GxSxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The final hidden states of S completions of each prompt, the prompt run once for all S.
+
+  The same values (up to float rounding) as `forward(..., return_hidden=True)` on the rows
+  prompt + completion (`types.teacher_forced_rows`: the prompt's mask, every completion slot
+  visible), at (S - 1) / S fewer prompt-token passes through the layers: the update's groups share
+  their prompt, so its projections and MLPs run once per group, and every completion attends to
+  the one copy of its keys and values. Gradients reach the prompt's positions from all S rows.
+
+  Args:
+    cfg: model configuration (static).
+    params: params pytree.
+    prompt_GxP: int32 [G, P], left-padded prompts (the last position is a real token).
+    prompt_mask_GxP: bool [G, P].
+    completion_GxSxT: int32 [G, S, T], S completions of each prompt.
+  Returns:
+    (hidden [G, P, D] of the prompts, hidden [G, S, T, D] of the completions), before the final norm.
+    A padding position of a prompt attends to nothing real; its hidden state (read by nothing) is
+    not the row form's.
+
+  >>> cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+  ...                   num_layers=2, num_heads=4, num_kv_heads=2)
+  >>> params = init_params(cfg, jax.random.key(0))
+  >>> prompt, mask = jnp.array([[0, 5, 6]]), jnp.array([[False, True, True]])
+  >>> comp = jnp.array([[[7, 8], [9, 10]]])
+  >>> hp, hc = forward_shared_prompt(cfg, params, prompt, mask, comp)
+  >>> rows = forward(cfg, params, jnp.array([[0, 5, 6, 7, 8], [0, 5, 6, 9, 10]]),
+  ...                jnp.array([[False, True, True, True, True]] * 2), return_hidden=True)
+  >>> bool(jnp.allclose(hc[0], rows[:, 3:], atol=1e-5)) and bool(jnp.allclose(hp[0, 1:], rows[0, 1:3], atol=1e-5))
+  True
+  """
+  params = compute_params(cfg, params)
+  G, P = prompt_GxP.shape
+  _, S, T = completion_GxSxT.shape
+  pmask_GxP = prompt_mask_GxP.astype(bool)
+  pos_GxP = positions_from_mask(pmask_GxP)
+  # A completion token continues its row's count of real tokens (as `positions_from_mask` on the row).
+  pos_RxT = jnp.repeat(jnp.sum(pmask_GxP, axis=1, dtype=jnp.int32)[:, None] + jnp.arange(T)[None], S, axis=0)
+  mask_GxPxP = jnp.tril(jnp.ones((P, P), bool))[None] & pmask_GxP[:, None, :]
+  dtype = activation_dtype(cfg, params)
+  xp = embed(params, prompt_GxP, dtype)
+  xc = embed(params, completion_GxSxT.reshape(G * S, T), dtype)
+
+  def layer(carry, lp):
+    xp_GxPxD, xc_RxTxD = carry
+    qp, kp, vp = qkv(cfg, lp, xp_GxPxD, pos_GxP)
+    qc, kc, vc = qkv(cfg, lp, xc_RxTxD, pos_RxT)
+    attn_p = attend(cfg, qp, kp, vp, mask_GxPxP)
+    attn_c = attend_shared_prompt(cfg, qc.reshape(G, S, T, cfg.num_heads, cfg.head_dim), kp, vp, pmask_GxP,
+                                  kc.reshape(G, S, T, cfg.num_kv_heads, cfg.head_dim),
+                                  vc.reshape(G, S, T, cfg.num_kv_heads, cfg.head_dim))
+    return (finish_layer(cfg, lp, xp_GxPxD, attn_p), finish_layer(cfg, lp, xc_RxTxD, attn_c)), None
+
+  if cfg.remat:
+    layer = jax.checkpoint(layer)
+  (xp, xc), _ = jax.lax.scan(layer, (xp, xc), params["layers"])
+  return xp, xc.reshape(G, S, T, -1)
+
+
 @flax.struct.dataclass
 class KVCache:
   """A fixed-length key/value cache for all layers.

@@ -230,11 +230,12 @@ def capacity(train_s: float, handoff_s: float, rollouts_per_s: float, batch_roll
 # The loop's pieces
 # ----------------------------------------------------------------------------------------------
 
-def scorer(cfg, *, temperature: float, micro_rows: int = 0, chunk: int = 0) -> Callable:
+def scorer(cfg, *, temperature: float, micro_rows: int = 0, chunk: int = 0, shared_prompt: bool = False) -> Callable:
   """`(params, batch) -> [B, N, T]` log-probs of the batch's completions (`models.batch_logprobs`)."""
   def score(params, batch):
     return batch_logprobs(params, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
-                          cfg=cfg, temperature=temperature, micro_rows=micro_rows, chunk=chunk)
+                          cfg=cfg, temperature=temperature, micro_rows=micro_rows, chunk=chunk,
+                          shared_prompt=shared_prompt)
   return score
 
 

@@ -506,7 +506,7 @@ class _Trainer(_Side):
     self.state = {"train": train_state}
     async_state = source_lib.init_state(exp.async_rl, self._local(train_state.params), disaggregated=True)
     self.score = source_lib.scorer(self.cfg, temperature=exp.rollout.temperature, micro_rows=exp.rl.micro_batch_size,
-                                   chunk=exp.rl.logprob_chunk)
+                                   chunk=exp.rl.logprob_chunk, shared_prompt=exp.rl.shared_prompt)
     if async_state is not None:
       self.state["async"] = async_state
     self.ckpt = Checkpointer(self.workdir / "checkpoints", save_every=exp.checkpoint.every, keep=exp.checkpoint.keep,

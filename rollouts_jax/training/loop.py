@@ -124,7 +124,7 @@ def train(exp: ExperimentConfig, workdir: str | os.PathLike, *, progress: bool =
   collect = lambda ps, p, s, v: pipeline.collect(ps, p, s, jax.random.fold_in(base_key, s), ref_params=ref_params,
                                                  version=v)
   score = source_lib.scorer(cfg, temperature=exp.rollout.temperature, micro_rows=exp.rl.micro_batch_size,
-                            chunk=exp.rl.logprob_chunk)
+                            chunk=exp.rl.logprob_chunk, shared_prompt=exp.rl.shared_prompt)
   source = source_lib.BatchSource(exp.async_rl, collect, score, state.get("async"), state["train"].params,
                                   start=start, stop=exp.rl.steps, pipeline_state=state["pipeline"],
                                   handoff=placement.rollout_params, context=rollout_context, threaded=threaded,

@@ -169,11 +169,11 @@ def advantage_transform(rl: RLConfig) -> advantages_lib.AdvantageTransform:
 
 
 def completion_logprobs(cfg: ModelConfig, params: Params, tokens_RxL: jax.Array, mask_RxL: jax.Array,
-                        prompt_len: int, temperature: float = 1.0, chunk: int = 0):
+                        prompt_len: int, temperature: float = 1.0, chunk: int = 0, share: int = 1):
   """Log-probs and entropies of tokens [prompt_len:] (see `models.token_logprobs`; `chunk`: positions
-  per chunk of the output head, 0 = all at once)."""
+  per chunk of the output head, 0 = all at once; `share`: rows per shared prompt)."""
   return models.token_logprobs(cfg, params, tokens_RxL, mask_RxL, prompt_len, temperature=temperature,
-                               chunk=chunk)
+                               chunk=chunk, share=share)
 
 
 def _rows(r: RolloutBatch):
@@ -292,6 +292,9 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   n_micro = rows_per_mb // micro
   one_update = rl.ppo_epochs * M == 1
   chunk = rl.logprob_chunk
+  # Rows per shared prompt: a group's N rows are consecutive and every micro-batch starts at a multiple of
+  # `micro`, so blocks of gcd(micro, N) rows never cross a group.
+  share = models.share_of(micro, N) if rl.shared_prompt else 1
   kind_kwargs = loss_kwargs(rl)
   kl_coef = kl_coef_of(state, rl)   # the coefficient of this step (constant over its updates)
   use_critic = uses_critic(rl)
@@ -318,7 +321,8 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   elif one_update:
     old_lp = None  # the policy that sampled is the one being updated: ratio 1 by construction
   else:
-    old_lp = models.rows_logprobs(cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk)
+    old_lp = models.rows_logprobs(cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk,
+                                  share=share)
   # The trainer's log-probs of the batch's tokens under the params before this update, which the
   # sampler's are compared with. With one minibatch they come from the first epoch's forward
   # passes (no extra cost); else from the old log-probs computed above from the same params.
@@ -327,12 +331,13 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
   trainer_lp = None
   if M > 1:
     trainer_lp = old_lp if rollouts.old_logprobs is None else models.rows_logprobs(
-        cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk)
+        cfg, state.params, tokens, attn, P, R // micro, temperature, chunk=chunk, share=share)
   ref_lp = None
   if rl.kl_coef > 0:
     if ref_params is None:
       raise ValueError("rl.kl_coef > 0 needs ref_params.")
-    ref_lp = models.rows_logprobs(cfg, ref_params, tokens, attn, P, R // micro, temperature, chunk=chunk)
+    ref_lp = models.rows_logprobs(cfg, ref_params, tokens, attn, P, R // micro, temperature, chunk=chunk,
+                                  share=share)
 
   def micro_loss(params, mb, totals):
     if full_kl:   # one forward gives the vocabulary log-probs, the sampled token's and the entropy
@@ -341,7 +346,7 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
       total = losses.distill.DIRECTIONS[rl.distill_kl](logp, mb["teacher"], mb["mask"], agg=rl.agg, max_len=max_len)
       m = {"distill_kl": total, "ratio_max": jnp.ones(()), "ratio_min": jnp.ones(())}
     else:
-      lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature, chunk)
+      lp, ent = completion_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature, chunk, share)
       old = jax.lax.stop_gradient(lp) if mb.get("old") is None else mb["old"]
       common = dict(agg=rl.agg, dual_clip=rl.dual_clip or None, max_len=max_len,
                     rollout_logprobs=mb["rollout"] if rl.tis_cap > 0 else None, tis_cap=rl.tis_cap or None,

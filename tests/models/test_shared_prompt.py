@@ -80,9 +80,10 @@ def test_a_share_that_does_not_divide_the_rows_is_named():
     models.token_logprobs(CFG, models.init_params(CFG, jax.random.key(0)), tokens, attn, 6, share=5)
 
 
-@pytest.mark.parametrize("settings", [dict(micro_batch_size=4), dict(micro_batch_size=2, num_minibatches=2, kl_coef=0.1),
-                                      dict(micro_batch_size=6, ppo_epochs=2, tis_cap=2.0)],
-                         ids=["groups_per_micro", "half_groups_kl", "blocks_of_2_epochs"])
+@pytest.mark.parametrize("settings", [
+    dict(micro_batch_size=4), dict(micro_batch_size=2, num_minibatches=2, kl_coef=0.1),
+    pytest.param(dict(micro_batch_size=6, ppo_epochs=2, tis_cap=2.0), marks=pytest.mark.slow)],
+    ids=["groups_per_micro", "half_groups_kl", "blocks_of_2_epochs"])
 def test_the_update_with_shared_prompts_is_the_row_update(settings):
   """`rl.shared_prompt` (blocks of gcd(micro_batch_size, N) rows) against the row form: the same
   loss, metrics and params after two steps, old / reference / trainer log-probs included."""

@@ -348,6 +348,7 @@ def test_lora_policy_is_sharded_by_its_weights_rules_and_its_step_matches_single
   assert max_diff(merged, lora.merged(ref_state.params)) <= TOL
 
 
+@pytest.mark.slow   # ~45 s; the default suite keeps the LoRA step on a mesh above
 def test_lora_loop_on_a_mesh_resumes_and_matches_one_device(tmp_path, monkeypatch):
   """configs/lora.py:smoke trained on devices 0-3 (fsdp) with rollouts on 4-7 (fsdp_tp), stopped after
   step 1 and resumed from its checkpoint, ends where the one-device run ends (float tolerance: the

@@ -500,18 +500,6 @@ def rss_section(args, prompts) -> list[dict]:
 # 4. Decode FLOP/s against the matmul peak
 # ------------------------------------------------------------------------------------------------
 
-def matmul_peak_flops(size: int, repeats: int = 5) -> float:
-  """float32 FLOP/s of a jitted square `jnp.dot` (median of `repeats` after a warm-up)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (size, size), jnp.float32)
-  mm = jax.jit(jnp.dot)
-  jax.block_until_ready(mm(a, b))
-  secs = statistics.median(timing.timed(lambda: jax.block_until_ready(mm(a, b)))[0] for _ in range(repeats))
-  return 2 * size ** 3 / secs
-
-
 def decode_flops_per_token(cfg, context: float) -> float:
   """2 x (non-embedding params + the output head) + attention over `context` tokens (q.k and p.v).
 
@@ -526,7 +514,7 @@ def decode_flops_per_token(cfg, context: float) -> float:
 
 
 def flops_section(args, cfg, sampler_rows: list[dict]) -> dict:
-  peak = matmul_peak_flops(args.matmul_size)
+  peak = timing.matmul_peak_flops(args.matmul_size)
   res = dict(matmul_size=args.matmul_size, matmul_peak_gflops=peak / 1e9, shapes=[])
   for r in sampler_rows:
     context = r["prompt_tokens_mean"] + (r["new_tokens"] + 1) / 2

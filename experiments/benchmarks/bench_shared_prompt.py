@@ -5,12 +5,14 @@ The batch is the real-model benchmarks' (`real_lm.py`): the first B GSM8K test q
 chat template, left-padded to the longest, with N completions of T random tokens each (an update's
 cost does not depend on which tokens), half of each group rewarded. Both sides run
 `training.rl_step` with `configs/smollm2_addition.py`'s update settings (activation checkpointing,
-`--micro` rows per forward/backward, the output head in chunks of `--chunk` positions), from the
-same params; they differ only in `rl.shared_prompt`. Each side's first step is a warm-up (its
-compilation, reported apart); then the sides alternate for `--repeats` rounds in this process and
-the medians and their ratio are printed, with the two sides' first-step loss, gradient norm and
-entropy (their relative differences), the largest parameter difference after that step, and each
-timing's CPU use by other processes (BUSY above `--max_other_cores`: rerun on a quiet machine).
+`--micro` rows per forward/backward, the output head in chunks of the config's `rl.logprob_chunk`
+positions unless `--chunk` says otherwise), from the same params; they differ only in
+`rl.shared_prompt`. Each side's first step is a warm-up (its compilation, reported apart); then the
+sides alternate for `--repeats` rounds in this process and the medians and their ratio are printed,
+with the two sides' first-step loss, gradient norm and entropy (their relative differences), the
+largest parameter difference after that step, and each timing's CPU use by other processes (BUSY
+above `--max_other_cores`: rerun on a quiet machine). The machine's float32 matmul FLOP/s, measured
+before and after, is recorded with the seconds: compare seconds across runs only at the same peak.
 
 Tokens through the layers per step: rows (P + T) B N against shared (P B N / share + T B N),
 share = gcd(micro, N) rows per prompt.
@@ -43,7 +45,8 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--shape", default="8x8x96", help="B prompts x N samples x T completion tokens")
   p.add_argument("--micro", type=int, default=16, help="rows per forward/backward")
-  p.add_argument("--chunk", type=int, default=16, help="completion positions per chunk of the output head")
+  p.add_argument("--chunk", type=int, default=None,
+                 help="completion positions per chunk of the output head (default: the config's rl.logprob_chunk)")
   p.add_argument("--tiny", action="store_true", help="a random 2-layer model and random prompts (a smoke run)")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--seed", type=int, default=0)
@@ -117,8 +120,10 @@ def run(args) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   cfg, params, ids, mask = load(args)
-  exp = grpo_experiment(args.B, args.N, args.T, args.seed, rl__micro_batch_size=args.micro,
-                        rl__logprob_chunk=args.chunk, reward__num_workers=0)
+  peak_before = timing.matmul_peak_flops()
+  chunk = {} if args.chunk is None else {"rl__logprob_chunk": args.chunk}
+  exp = grpo_experiment(args.B, args.N, args.T, args.seed, rl__micro_batch_size=args.micro, reward__num_workers=0,
+                        **chunk)
   cfg = cfg.replace(remat=exp.model.remat)
   rollouts = batch(args, cfg.vocab_size, ids, mask)
   sides = {}
@@ -143,20 +148,23 @@ def run(args) -> dict:
   return {
       "model": "tiny (random)" if args.tiny else "SmolLM2-135M-Instruct (GGUF Q4_1 -> float32)",
       "shape": f"{B}x{N}x{T}", "prompt_len": P, "real_prompt_tokens_mean": float(np.mean(np.sum(mask, axis=1))),
-      "micro_rows": args.micro, "logprob_chunk": args.chunk, "rows_per_shared_prompt": share,
+      "micro_rows": args.micro, "logprob_chunk": exp.rl.logprob_chunk, "rows_per_shared_prompt": share,
       "layer_tokens_per_step": {"rows": B * N * (P + T), "shared": B * N * T + B * N // share * P},
       "repeats": args.repeats, "first_step_s": first, "step_s": t.times, "median_step_s": med,
       "speedup_shared_over_rows": med["rows"] / med["shared"],
       "first_step_metrics": {"rows": m_rows, "shared": m_shared}, "first_step_relative_difference": agreement,
       "max_param_diff_after_first_step": diff, "max_param_change_first_step": moved,
       "nonfinite": t.last, "busy": t.notes,
+      "matmul_peak_gflops": {"before": peak_before / 1e9, "after": timing.matmul_peak_flops() / 1e9},
   }
 
 
 def report(r: dict) -> str:
   lines = [f"{r['model']}: update of {r['shape']} after {r['prompt_len']} prompt positions "
            f"({r['real_prompt_tokens_mean']:.0f} real on average), {r['micro_rows']} rows per micro-batch, "
-           f"{r['rows_per_shared_prompt']} rows per shared prompt",
+           f"{r['rows_per_shared_prompt']} rows per shared prompt, head chunks of {r['logprob_chunk']}",
+           "this machine's float32 matmul peak, GFLOP/s: before {before:.0f}, after {after:.0f}".format(
+               **r["matmul_peak_gflops"]),
            f"tokens through the layers per step: rows {r['layer_tokens_per_step']['rows']:,}, "
            f"shared {r['layer_tokens_per_step']['shared']:,}",
            f"first step (compile) s: rows {r['first_step_s']['rows']:.2f}, shared {r['first_step_s']['shared']:.2f}",

@@ -110,6 +110,20 @@ def check_load(max_load: float, allow_busy: bool = False) -> float:
   return load1
 
 
+def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
+  """float32 FLOP/s of a jitted square `jnp.dot` (median of `repeats` after a warm-up): this machine's
+  speed, recorded beside a benchmark's seconds so that runs on different days can be put side by side
+  (the project's 2-core CPU machine has measured 190 and 453 GFLOP/s on different days)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (size, size), jnp.float32)
+  mm = jax.jit(jnp.dot)
+  jax.block_until_ready(mm(a, b))
+  secs = statistics.median(timed(lambda: jax.block_until_ready(mm(a, b)))[0] for _ in range(repeats))
+  return 2 * size ** 3 / secs
+
+
 def rss_bytes() -> int:
   """This process's resident set now."""
   with open("/proc/self/statm") as f:

@@ -10,7 +10,7 @@ bench = load_script("benchmarks.bench_shared_prompt")
 
 def test_arguments_are_checked():
   args = bench.parse_args([])
-  assert (args.B, args.N, args.T, args.micro) == (8, 8, 96, 16)
+  assert (args.B, args.N, args.T, args.micro, args.chunk) == (8, 8, 96, 16, None)
   with pytest.raises(ValueError, match="--shape must be BxNxT"):
     bench.parse_args(["--shape=8x8"])
   with pytest.raises(ValueError, match="--micro=5 must divide the batch's 64 rows"):
@@ -25,6 +25,8 @@ def test_a_tiny_run_reports_its_own_ratio_and_equal_updates(tmp_path):
   assert result["speedup_shared_over_rows"] == pytest.approx(med["rows"] / med["shared"])
   P = result["prompt_len"]
   assert result["rows_per_shared_prompt"] == 4
+  assert result["logprob_chunk"] == 8   # configs/smollm2_addition.py's, as the docstring says
+  assert min(result["matmul_peak_gflops"].values()) > 0
   assert result["layer_tokens_per_step"] == {"rows": 8 * (P + 4), "shared": 8 * 4 + 2 * P}
   assert result["max_param_diff_after_first_step"] <= 1e-6 < result["max_param_change_first_step"]
   assert set(result["first_step_relative_difference"]) == {"loss", "grad_norm", "policy_entropy"}

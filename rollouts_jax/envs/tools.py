@@ -11,9 +11,10 @@ not the rollout or the run.
 * `run_python(code)`: a fresh interpreter per call, the grader pool's kind of worker
   (`python -I`, no fork of the training process, killed with its parent), under
   `resource.setrlimit` limits (address space, CPU seconds, output file size), a wall-clock
-  timeout that kills its whole process group, no network and no new processes or threads (a seccomp filter:
-  socket, fork / clone / exec, kill and ptrace fail in the kernel, for root too; proxy variables
-  unset and the Python functions blocked on top), an empty temporary working folder removed
+  timeout that kills its whole process group, no network and no new processes (a seccomp filter:
+  socket, fork / clone / exec, kill and ptrace fail in the kernel, for root too, while a clone that
+  makes a thread of the same process is allowed; proxy variables unset and the Python functions
+  blocked on top), an empty temporary working folder removed
   afterwards, and stdout + stderr cut to `max_output` characters. Nothing survives a call, so
   nothing leaks between rollouts. Where the kernel has no seccomp filter for the machine (not
   Linux, not x86-64 / arm64), only the Python-level blocks remain, which a determined program can
@@ -180,7 +181,8 @@ class SandboxLimits:
 # Runs in the child before the user's code: its limits (argv: address-space MiB, CPU seconds, output
 # bytes), killed with its parent, bounded recursion, and no network and no new processes, enforced by
 # the kernel where it can be (Linux on x86-64 or arm64): a seccomp filter makes socket, fork / clone /
-# exec, kill and ptrace fail with EPERM (other system-call ABIs get nothing), under no_new_privs. It
+# exec, kill and ptrace fail with EPERM (other system-call ABIs get nothing), under no_new_privs;
+# threads still start. It
 # binds root too (RLIMIT_NPROC does not: the kernel exempts uid 0) and leaves files alone, so an
 # interpreter installed under /root still imports its modules. Python-level blocks come on top (and are
 # all there is where the kernel refuses). Set here, in the fresh interpreter, rather than in a
@@ -192,27 +194,34 @@ resource.setrlimit(resource.RLIMIT_AS, (_mem * 2**20, _mem * 2**20))
 resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu + 1))
 resource.setrlimit(resource.RLIMIT_FSIZE, (_out, _out))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-# (audit arch, system calls refused): socket, clone, clone3, fork, vfork, execve, execveat, kill, tkill,
-# tgkill, ptrace, process_vm_readv / writev.
-_SECCOMP = {"x86_64": (0xC000003E, (41, 56, 435, 57, 58, 59, 322, 62, 200, 234, 101, 310, 311)),
-            "aarch64": (0xC00000B7, (198, 220, 435, 221, 281, 129, 130, 131, 117, 270, 271))}
+# (audit arch, clone, clone3, system calls refused: socket, fork, vfork, execve, execveat, kill, tkill, tgkill,
+# ptrace, process_vm_readv / writev). clone is allowed only for a thread (CLONE_THREAD set: the same
+# process, its limits and its process group); clone3 passes its flags in memory a filter cannot read,
+# so it gets ENOSYS and the C library falls back to clone for threads.
+_SECCOMP = {"x86_64": (0xC000003E, 56, 435, (41, 57, 58, 59, 322, 62, 200, 234, 101, 310, 311)),
+            "aarch64": (0xC00000B7, 220, 435, (198, 221, 281, 129, 130, 131, 117, 270, 271))}
 def _isolate():
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, 9)   # PR_SET_PDEATHSIG, SIGKILL: die with the parent
-    arch, refused = _SECCOMP[platform.machine()]
+    arch, clone, clone3, refused = _SECCOMP[platform.machine()]
     class Insn(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
-    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
-    ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1   # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    n = len(refused)
-    prog = [Insn(LD, 0, 0, 4), Insn(JEQ, 1, 0, arch), Insn(RET, 0, 0, DENY),   # another ABI: nothing
-            Insn(LD, 0, 0, 0), Insn(JGE, n + 1, 0, 0x40000000)]               # x32 numbers: nothing
-    prog += [Insn(JEQ, n - i, 0, nr) for i, nr in enumerate(refused)]
-    prog += [Insn(RET, 0, 0, ALLOW), Insn(RET, 0, 0, DENY)]
-    table = (Insn * len(prog))(*prog)
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    ALLOW, DENY, NOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38   # SECCOMP_RET_ALLOW, _ERRNO | EPERM, ENOSYS
+    # (code, k, jump if true, jump if false), a label first where a jump lands: another ABI or an x32
+    # number gets nothing, clone3 ENOSYS, clone only with CLONE_THREAD in args[0] (low word, offset 16).
+    prog = [(LD, 4), (JEQ, arch, "nr", "deny"), ("nr", LD, 0), (JGE, 0x40000000, "deny"), (JEQ, clone3, "nosys"),
+            (JEQ, clone, "clone")] + [(JEQ, nr, "deny") for nr in refused] + [
+            (RET, ALLOW), ("clone", LD, 16), (JSET, 0x00010000, "allow", "deny"), ("allow", RET, ALLOW),
+            ("nosys", RET, NOSYS), ("deny", RET, DENY)]   # (classic BPF jumps only forward)
+    labels = {ins[0]: i for i, ins in enumerate(prog) if isinstance(ins[0], str)}
+    prog = [ins[1:] if isinstance(ins[0], str) else ins for ins in prog]
+    jump = lambda i, to: labels[to] - i - 1 if to else 0
+    insn = lambda i, op, k, jt=None, jf=None: Insn(op, jump(i, jt), jump(i, jf), k)
+    table = (Insn * len(prog))(*(insn(i, *ins) for i, ins in enumerate(prog)))
     if libc.prctl(38, 1, 0, 0, 0) == 0:   # PR_SET_NO_NEW_PRIVS, then PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         libc.prctl(22, 2, ctypes.byref(Prog(len(prog), table)), 0, 0)
 try:

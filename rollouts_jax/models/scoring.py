@@ -65,16 +65,21 @@ def token_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: ja
   >>> bool(jnp.allclose(lp2, token_logprobs(cfg, params, two, two > 0, 2)[0], atol=1e-6))
   True
   """
-  if share > 1:
-    hidden = _shared_prompt_hidden(cfg, params, tokens_RxL, mask_RxL, prompt_len, share)
-  else:
-    hidden = transformer.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)[:, prompt_len - 1:-1]
+  hidden = completion_hidden(cfg, params, tokens_RxL, mask_RxL, prompt_len, share)
   return hidden_logprobs(cfg, params, hidden, tokens_RxL[:, prompt_len:], temperature=temperature, chunk=chunk)
 
 
-def _shared_prompt_hidden(cfg: ModelConfig, params, tokens_RxL, mask_RxL, prompt_len: int, share: int) -> jax.Array:
-  """[R, T, D]: the hidden states that predict tokens `[prompt_len:]`, each block of `share` rows' prompt
-  run once (the prompt's last position predicts the first completion token)."""
+def completion_hidden(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax.Array, prompt_len: int,
+                      share: int = 1) -> jax.Array:
+  """[R, T, D]: the final hidden states (before the final norm) that predict tokens `[prompt_len:]`;
+  the prompt's last position predicts the first completion token.
+
+  With `share` = S > 1 each block of S consecutive rows holds one prompt, which runs through the
+  layers once per block (`transformer.forward_shared_prompt`). What the log-prob scorers, the
+  vocabulary scorer and the critic read.
+  """
+  if share <= 1:
+    return transformer.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)[:, prompt_len - 1:-1]
   R, L = tokens_RxL.shape
   if R % share:
     raise ValueError(f"share={share} rows per prompt must divide the {R} rows.")
@@ -129,14 +134,14 @@ def hidden_logprobs(cfg: ModelConfig, params, hidden_RxTxD: jax.Array, tokens_Rx
 
 
 def vocab_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax.Array, prompt_len: int, *,
-                   temperature: float = 1.0) -> jax.Array:
+                   temperature: float = 1.0, share: int = 1) -> jax.Array:
   """float32 [R, T, V]: the tempered log-softmax over the vocabulary before each of tokens `[prompt_len:]`.
 
   What `token_logprobs` gathers from (full-vocabulary distillation needs it whole, R T V floats).
-  Args as `token_logprobs`.
+  Args as `token_logprobs` (`share` rows per shared prompt).
   """
-  hidden = transformer.forward(cfg, params, tokens_RxL, mask_RxL, return_hidden=True)
-  return _tempered_logp(cfg, params, hidden[:, prompt_len - 1:-1], temperature)
+  hidden = completion_hidden(cfg, params, tokens_RxL, mask_RxL, prompt_len, share)
+  return _tempered_logp(cfg, params, hidden, temperature)
 
 
 def _tempered_logp(cfg: ModelConfig, params, hidden_RxTxD: jax.Array, temperature: float) -> jax.Array:
@@ -160,7 +165,7 @@ def rows_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax
 
   The rows go through the model in `num_micro` micro-batches in a scan (it must divide R); `chunk`
   positions through the output head at a time (0: all; not with `vocab`); `share` rows per
-  shared prompt (`token_logprobs`; it must divide a micro-batch's rows; not with `vocab`). With
+  shared prompt (`completion_hidden`; it must divide a micro-batch's rows). With
   `entropy`, (log-probs [R, T], entropies [R, T]) of the tempered distribution.
   """
   split = lambda x: x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
@@ -168,7 +173,7 @@ def rows_logprobs(cfg: ModelConfig, params, tokens_RxL: jax.Array, mask_RxL: jax
 
   def body(_, xs):
     if vocab:
-      return None, vocab_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature)
+      return None, vocab_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature, share=share)
     lp, ent = token_logprobs(cfg, params, xs[0], xs[1], prompt_len, temperature=temperature, chunk=chunk,
                              share=share)
     return None, (lp, ent) if entropy else lp
@@ -192,14 +197,14 @@ def batch_logprobs(params, prompt_ids: jax.Array, prompt_mask: jax.Array, comple
   full-vocabulary distillation, `losses.full_reverse_kl`). `micro_rows` rows go through the
   model at a time (0: all B * N; it must divide B * N), and `chunk` completion positions
   through the output head at a time (0: all; not with `vocab`). With `shared_prompt` each group's
-  prompt runs once for its samples in a micro-batch (`share_of`; not with `vocab`).
+  prompt runs once for its samples in a micro-batch (`share_of`).
   """
   tokens, attn = teacher_forced_rows(prompt_ids, prompt_mask, completion_ids)
   R = tokens.shape[0]
   micro = micro_rows or R
   if R % micro:
     raise ValueError(f"micro_rows {micro} must divide the batch's {R} rows.")
-  share = share_of(micro, completion_ids.shape[1]) if shared_prompt and not vocab else 1
+  share = share_of(micro, completion_ids.shape[1]) if shared_prompt else 1
   out = rows_logprobs(cfg, params, tokens, attn, prompt_ids.shape[1], R // micro, temperature, vocab=vocab,
                       chunk=chunk, entropy=entropy and not vocab, share=share)
 

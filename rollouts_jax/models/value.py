@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rollouts_jax.models import lora, transformer
+from rollouts_jax.models import lora, scoring, transformer
 from rollouts_jax.models.config import ModelConfig
 
 Params = transformer.Params
@@ -61,7 +61,11 @@ def critic_forward(cfg: ModelConfig, critic_params: Params, tokens: jax.Array,
   [0.0, 0.0, 0.0, 0.0, 0.0]
   """
   trunk = {k: critic_params[k] for k in _TRUNK}
-  hidden = transformer.forward(cfg, trunk, tokens, attention_mask, return_hidden=True)
+  return _value_head(cfg, critic_params, transformer.forward(cfg, trunk, tokens, attention_mask, return_hidden=True))
+
+
+def _value_head(cfg: ModelConfig, critic_params: Params, hidden: jax.Array) -> jax.Array:
+  """float32 [..., L]: the final norm and the scalar head on final hidden states [..., L, D]."""
   norm = transformer.compute_params(cfg, {"n": critic_params["final_norm"]})["n"]
   h = transformer.rms_norm(hidden, norm, cfg.rms_norm_eps).astype(jnp.float32)
   head = critic_params[HEAD]
@@ -69,9 +73,14 @@ def critic_forward(cfg: ModelConfig, critic_params: Params, tokens: jax.Array,
 
 
 def completion_values(cfg: ModelConfig, critic_params: Params, tokens_RxL: jax.Array, mask_RxL: jax.Array,
-                      prompt_len: int) -> jax.Array:
+                      prompt_len: int, share: int = 1) -> jax.Array:
   """V(s_t) float32 [R, T] for completion tokens t = prompt_len ..: the value of the prefix before each token.
 
-  As verl's critic (`values[:, -T - 1:-1]`): position t's value is read at position t - 1.
+  As verl's critic (`values[:, -T - 1:-1]`): position t's value is read at position t - 1. With
+  `share` = S > 1 each block of S consecutive rows holds one prompt, run through the trunk once
+  (`scoring.completion_hidden`); the same values up to float rounding.
   """
-  return critic_forward(cfg, critic_params, tokens_RxL, mask_RxL)[:, prompt_len - 1:-1]
+  if share <= 1:   # the head on every position, then the slice: what the row form has always computed
+    return critic_forward(cfg, critic_params, tokens_RxL, mask_RxL)[:, prompt_len - 1:-1]
+  trunk = {k: critic_params[k] for k in _TRUNK}
+  return _value_head(cfg, critic_params, scoring.completion_hidden(cfg, trunk, tokens_RxL, mask_RxL, prompt_len, share))

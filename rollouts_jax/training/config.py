@@ -404,8 +404,8 @@ class RLConfig:
   # [rows, logprob_chunk, vocab] float32 logits are held at once instead of [rows, T, vocab]
   # (for 49k-152k vocabularies); 0 = all positions at once. The same values, other memory.
   logprob_chunk: int = 0
-  # The samples of a group share their prompt: in the update's log-prob passes (loss, old and
-  # reference; not full-vocabulary distillation or the critic) each prompt runs through the layers
+  # The samples of a group share their prompt: in the update's passes (loss, old and reference
+  # log-probs, full-vocabulary distillation's, the critic's values) each prompt runs through the layers
   # once for its rows of a micro-batch (`models.forward_shared_prompt`), not once per row. The same
   # values up to float rounding, (N - 1) / N fewer prompt-token passes (gcd(micro_batch_size, N)).
   shared_prompt: bool = True

@@ -309,7 +309,7 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
                        "token_advantages or teacher log-probs (tree rollouts, turn credit, distillation).")
     gs = gae_settings(rl)
     old_values = jax.lax.stop_gradient(jax.lax.scan(
-        lambda _, xs: (None, value_lib.completion_values(cfg, state.critic.params, xs[0], xs[1], P)), None,
+        lambda _, xs: (None, value_lib.completion_values(cfg, state.critic.params, xs[0], xs[1], P, share)), None,
         (_split(tokens, R // micro), _split(attn, R // micro)))[1].reshape(R, T))
     token_rewards = advantages_lib.outcome_token_rewards(adv_BxN.reshape(R), loss_mask_RxT)
     adv_R, returns_R = advantages_lib.gae_advantages(token_rewards, old_values, loss_mask_RxT, gamma=gs.gamma,
@@ -341,7 +341,7 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
 
   def micro_loss(params, mb, totals):
     if full_kl:   # one forward gives the vocabulary log-probs, the sampled token's and the entropy
-      logp = models.vocab_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature=temperature)
+      logp = models.vocab_logprobs(cfg, params, mb["tokens"], mb["attn"], P, temperature=temperature, share=share)
       lp, ent = models.pick_and_entropy(logp, mb["tokens"][:, P:])
       total = losses.distill.DIRECTIONS[rl.distill_kl](logp, mb["teacher"], mb["mask"], agg=rl.agg, max_len=max_len)
       m = {"distill_kl": total, "ratio_max": jnp.ones(()), "ratio_min": jnp.ones(())}
@@ -372,7 +372,7 @@ def rl_step(state: TrainState, rollouts: RolloutBatch, ref_params: Params | None
     return total * w, (m, jax.lax.stop_gradient(lp))
 
   def critic_micro_loss(critic_params, mb, n_tokens):
-    v = value_lib.completion_values(cfg, critic_params, mb["tokens"], mb["attn"], P)
+    v = value_lib.completion_values(cfg, critic_params, mb["tokens"], mb["attn"], P, share)
     vf, m = losses.value_loss(v, mb["returns"], mb["values"], mb["mask"], rl.critic_cliprange_value)
     w = jnp.sum(mb["mask"]) / jnp.maximum(n_tokens, 1)   # this micro-batch's share of the token-mean
     vpred = jnp.sum(jnp.where(mb["mask"], v, 0.0)) / jnp.maximum(jnp.sum(mb["mask"]), 1)

@@ -82,6 +82,19 @@ def test_the_kernel_blocks_network_and_processes_that_get_around_the_python_bloc
   assert out == "-1\n", out
   out = tools.run_python("import ctypes, os\nprint(ctypes.CDLL(None).kill(os.getppid(), 0))", FAST)
   assert out == "-1\n", out   # not even a signal to the training process
+  # A raw clone of a new process (SIGCHLD, no CLONE_THREAD) and clone3 through syscall(): refused
+  # (EPERM; ENOSYS for clone3, whose flags the filter cannot read), so no child process starts.
+  clone, clone3 = {"x86_64": (56, 435), "aarch64": (220, 435)}[platform.machine()]
+  out = tools.run_python(f"import ctypes, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                         f"pid = libc.syscall({clone}, int(signal.SIGCHLD), 0, 0, 0, 0)\n"
+                         f"if pid == 0:\n    libc._exit(0)\nprint(pid, os.strerror(ctypes.get_errno()))\n"
+                         f"print(libc.syscall({clone3}, 0, 0), os.strerror(ctypes.get_errno()))", FAST)
+  assert out == "-1 Operation not permitted\n-1 Function not implemented\n", out
+  # Threads of the tool's own process run (the C library's thread clone carries CLONE_THREAD).
+  out = tools.run_python("import threading\nfrom concurrent.futures import ThreadPoolExecutor\n"
+                         "with ThreadPoolExecutor(3) as ex:\n    print(sum(ex.map(lambda x: x * x, range(10))))\n"
+                         "t = threading.Thread(target=print, args=('thread',))\nt.start(); t.join()", FAST)
+  assert out == "285\nthread\n", out
   # Ordinary programs are unaffected: stdlib extension modules import, files in the working folder work.
   assert tools.run_python("import math, json\nopen('f', 'w').write('7')\nprint(math.isqrt(int(open('f').read()) ** 2))",
                           FAST) == "7\n"

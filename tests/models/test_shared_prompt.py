@@ -10,6 +10,7 @@ import pytest
 
 from rollouts_jax import models
 from rollouts_jax.models import lora
+from rollouts_jax.models import value as value_lib
 from rollouts_jax.training import rl_step as rl
 from rollouts_jax.training.config import RLConfig
 from rollouts_jax.types import teacher_forced_rows
@@ -73,6 +74,34 @@ def test_logprobs_and_gradients_equal_the_rows(share, chunk):
     assert _diff(gs, g1) <= 1e-5 * max(1.0, _diff(g1, jax.tree_util.tree_map(jnp.zeros_like, g1)))
 
 
+@pytest.mark.parametrize("cfg", [CFG, QWEN], ids=["llama", "qwen"])
+def test_vocabulary_logprobs_and_critic_values_equal_the_rows(cfg):
+  """Full-vocabulary distillation's scorer and the critic's values (and their gradients) with each
+  group's prompt run once, against every row on its own."""
+  r = _rollouts()
+  tokens, attn = teacher_forced_rows(r.prompt_ids, r.prompt_mask, r.completion_ids)
+  P = r.prompt_ids.shape[1]
+  params = models.init_params(cfg, jax.random.key(6))
+  w = jnp.asarray(np.random.default_rng(0).normal(size=(tokens.shape[0], tokens.shape[1] - P)), jnp.float32)
+
+  def vocab_loss(p, share):
+    logp = models.vocab_logprobs(cfg, p, tokens, attn, P, temperature=0.7, share=share)
+    return jnp.sum(w[..., None] * jnp.exp(logp) * jnp.arange(cfg.vocab_size)) / w.size, logp
+  (v1, logp1), g1 = jax.value_and_grad(vocab_loss, has_aux=True)(params, 1)
+  (v4, logp4), g4 = jax.value_and_grad(vocab_loss, has_aux=True)(params, 4)
+  assert _diff(logp4, logp1) <= 1e-5 and abs(float(v4) - float(v1)) <= 1e-5 and _diff(g4, g1) <= 1e-5
+  assert _diff(logp1, jnp.zeros_like(logp1)) > 1.0   # real log-probs, not a degenerate tensor
+
+  critic = value_lib.init_critic(params)
+  critic[value_lib.HEAD] = {"w": params["embed"][7].astype(jnp.float32), "b": jnp.asarray(0.3)}
+  value_loss = lambda c, share: jnp.sum(w * value_lib.completion_values(cfg, c, tokens, attn, P, share))
+  rows = value_lib.completion_values(cfg, critic, tokens, attn, P)
+  assert _diff(rows, value_lib.critic_forward(cfg, critic, tokens, attn)[:, P - 1:-1]) == 0.0
+  assert _diff(value_lib.completion_values(cfg, critic, tokens, attn, P, 2), rows) <= 1e-5
+  assert float(jnp.std(rows)) > 1e-3
+  assert _diff(jax.grad(value_loss)(critic, 4), jax.grad(value_loss)(critic, 1)) <= 1e-5
+
+
 def test_a_share_that_does_not_divide_the_rows_is_named():
   r = _rollouts()
   tokens, attn = teacher_forced_rows(r.prompt_ids, r.prompt_mask, r.completion_ids)
@@ -104,3 +133,35 @@ def test_the_update_with_shared_prompts_is_the_row_update(settings):
   assert _diff(p1, p0) <= 1e-5 and _diff(p0, params) > 1e-3   # the params moved, the same way
   for k in ("loss", "pg_loss", "grad_norm", "mismatch_mean", "policy_entropy"):
     assert abs(float(m1[k]) - float(m0[k])) <= 1e-4 * max(1.0, abs(float(m0[k]))), k
+
+
+@pytest.mark.parametrize("kind", ["gae_critic", "full_vocab_distill"])
+def test_the_critic_and_full_vocabulary_updates_with_shared_prompts_are_the_row_updates(kind):
+  """PPO with a value model (old values, the critic's loss and step) and full-vocabulary distillation
+  (the student's vocabulary log-probs) with `rl.shared_prompt`, against the row form: the same
+  metrics, policy and critic after two steps."""
+  r = _rollouts()
+  params = models.init_params(CFG, jax.random.key(7))
+  settings = dict(advantage="gae", critic_learning_rate=1e-2) if kind == "gae_critic" else {}
+  if kind == "full_vocab_distill":
+    teacher = models.init_params(CFG, jax.random.key(8))
+    r = r.replace(teacher_logprobs=models.batch_logprobs(teacher, r.prompt_ids, r.prompt_mask, r.completion_ids,
+                                                         r.completion_mask, cfg=CFG, vocab=True))
+  out = {}
+  for shared in (False, True):
+    conf = RLConfig(steps=4, learning_rate=1e-2, warmup_steps=0, adam_eps=1e-6, micro_batch_size=4,
+                    shared_prompt=shared, **settings)
+    state = rl.train_state_init(conf)(params)
+    step = jax.jit(rl.rl_step, static_argnames=("cfg", "rl", "temperature", "max_len"))
+    for _ in range(2):
+      state, m = step(state, r, None, cfg=CFG, rl=conf, temperature=0.8)
+    out[shared] = (state, m)
+  (s0, m0), (s1, m1) = out[False], out[True]
+  assert _diff(s1.params, s0.params) <= 1e-5 and _diff(s0.params, params) > 1e-3
+  keys = ("vf_loss", "vpred_mean", "critic_grad_norm", "grad_norm") if kind == "gae_critic" else ("distill_kl",
+                                                                                                   "grad_norm")
+  for k in keys:
+    assert abs(float(m1[k]) - float(m0[k])) <= 1e-4 * max(1.0, abs(float(m0[k]))), k
+  if kind == "gae_critic":
+    assert _diff(s1.critic.params, s0.critic.params) <= 1e-5
+    assert _diff(s0.critic.params, value_lib.init_critic(params)) > 1e-3   # the critic moved, the same way

@@ -600,7 +600,7 @@ def run(args) -> dict:
                          "transformers' / TRL's side",
                  compile_note="one untimed warm-up call per shape and side (ours: compilation); its time is "
                               "reported as first_call / first_step")
-  # This machine's speed beside the seconds: the same 2-core machine has measured 190 and 453 GFLOP/s.
+  # This machine's speed beside the seconds: the same 2-core machine has measured from 151 to 453 GFLOP/s.
   results["matmul_peak_gflops_at_start"] = timing.matmul_peak_flops(args.matmul_size) / 1e9
   print(f"{results['model']}: cpus={results['cpus']} torch_threads={threads} load1={load1:.2f} "
         f"float32 matmul peak {results['matmul_peak_gflops_at_start']:.0f} GFLOP/s", flush=True)

@@ -113,7 +113,7 @@ def check_load(max_load: float, allow_busy: bool = False) -> float:
 def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
   """float32 FLOP/s of a jitted square `jnp.dot` (median of `repeats` after a warm-up): this machine's
   speed, recorded beside a benchmark's seconds so that runs on different days can be put side by side
-  (the project's 2-core CPU machine has measured 190 and 453 GFLOP/s on different days)."""
+  (the project's 2-core CPU machine has measured from 151 to 453 GFLOP/s on different days)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)

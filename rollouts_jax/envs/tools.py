@@ -182,11 +182,10 @@ class SandboxLimits:
 # bytes), killed with its parent, bounded recursion, and no network and no new processes, enforced by
 # the kernel where it can be (Linux on x86-64 or arm64): a seccomp filter makes socket, fork / clone /
 # exec, kill and ptrace fail with EPERM (other system-call ABIs get nothing), under no_new_privs;
-# threads still start. It
-# binds root too (RLIMIT_NPROC does not: the kernel exempts uid 0) and leaves files alone, so an
-# interpreter installed under /root still imports its modules. Python-level blocks come on top (and are
-# all there is where the kernel refuses). Set here, in the fresh interpreter, rather than in a
-# `preexec_fn` (which would fork the multithreaded training process).
+# threads still start. It binds root too (RLIMIT_NPROC does not: the kernel exempts uid 0) and leaves
+# files alone, so an interpreter installed under /root still imports its modules. Python-level blocks
+# come on top (and are all there is where the kernel refuses). Set here, in the fresh interpreter,
+# rather than in a `preexec_fn` (which would fork the multithreaded training process).
 _BOOTSTRAP = r"""
 import os, platform, resource, sys
 _mem, _cpu, _out = (int(a) for a in sys.argv[1:4])

@@ -83,4 +83,5 @@ def completion_values(cfg: ModelConfig, critic_params: Params, tokens_RxL: jax.A
   if share <= 1:   # the head on every position, then the slice: what the row form has always computed
     return critic_forward(cfg, critic_params, tokens_RxL, mask_RxL)[:, prompt_len - 1:-1]
   trunk = {k: critic_params[k] for k in _TRUNK}
-  return _value_head(cfg, critic_params, scoring.completion_hidden(cfg, trunk, tokens_RxL, mask_RxL, prompt_len, share))
+  hidden = scoring.completion_hidden(cfg, trunk, tokens_RxL, mask_RxL, prompt_len, share)
+  return _value_head(cfg, critic_params, hidden)
